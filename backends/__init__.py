@@ -1,0 +1,1 @@
+"""Backends: the adapter contract, the registry, and one module or package per implementation."""

@@ -1,0 +1,153 @@
+"""The adapter contract: the one thing a new backend writes.
+
+A backend is a small class: a name, what it supports (``Capabilities``), how it reports
+(``Conventions``), why it might be unavailable, and two operations. ``decode`` writes into
+buffers the harness allocated and poisoned; ``merge`` combines two attention states. The
+adapter converts layouts and conventions; it knows nothing of the checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from conformance.problem import Problem
+    from conformance.spec import Case
+
+FEATURES = {
+    "lse": "writes the log-sum-exp of the scaled scores",
+    "merge": "has a kernel that merges two attention states",
+    "split_k": "takes a split count (decode's num_splits)",
+    "sliding_window": "keeps only the last `window` tokens",
+    "sinks": "always keeps the first `sinks` tokens next to a window",
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend claims; a case outside it is *unsupported*, never passed.
+
+    ``None`` for a set of sizes means any size. ``float32_matmul`` is ``"ieee"`` or
+    ``"tf32"`` (budgeted like tf32 for float32 cases). ``split_counts`` are the counts the
+    split-count invariance check tries; ``deterministic=False`` relaxes the same-bits check.
+    """
+
+    dtypes: frozenset[str] = frozenset({"float32", "float16", "bfloat16"})
+    head_dims: frozenset[int] | None = None
+    page_sizes: frozenset[int] | None = None
+    group_sizes: frozenset[int] | None = None
+    max_group_size: int | None = None
+    features: frozenset[str] = frozenset()
+    devices: tuple[str, ...] = ("cpu",)
+    float32_matmul: str = "ieee"
+    split_counts: tuple[int, ...] = ()
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"Capabilities.features: unknown {sorted(unknown)}; known: "
+                             f"{', '.join(FEATURES)}")
+        if self.float32_matmul not in ("ieee", "tf32"):
+            raise ValueError(f"Capabilities.float32_matmul must be 'ieee' or 'tf32', got "
+                             f"{self.float32_matmul!r}")
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        """Why this backend does not claim ``case``, or None when it does."""
+        if case.dtype not in self.dtypes:
+            return f"dtype {case.dtype} not in capabilities ({_names(self.dtypes)})"
+        if self.head_dims is not None and case.head_dim not in self.head_dims:
+            return f"head_dim {case.head_dim} not in capabilities ({_names(self.head_dims)})"
+        if self.page_sizes is not None and case.page_size not in self.page_sizes:
+            return f"page_size {case.page_size} not in capabilities ({_names(self.page_sizes)})"
+        if self.group_sizes is not None and case.group_size not in self.group_sizes:
+            return f"group size {case.group_size} not in capabilities ({_names(self.group_sizes)})"
+        if self.max_group_size is not None and case.group_size > self.max_group_size:
+            return f"group size {case.group_size} above max_group_size {self.max_group_size}"
+        missing = case.features - self.features
+        if missing:
+            return f"feature {', '.join(sorted(missing))} not in capabilities"
+        return None
+
+    def describe(self) -> dict[str, object]:
+        def listed(values: Iterable | None) -> object:
+            return "any" if values is None else sorted(values)
+        return {"dtypes": listed(self.dtypes), "head_dims": listed(self.head_dims),
+                "page_sizes": listed(self.page_sizes), "group_sizes": listed(self.group_sizes),
+                "max_group_size": self.max_group_size or "any",
+                "features": sorted(self.features), "devices": list(self.devices),
+                "float32_matmul": self.float32_matmul, "split_counts": list(self.split_counts),
+                "deterministic": self.deterministic}
+
+
+def _names(values: Iterable) -> str:
+    return ", ".join(str(v) for v in sorted(values))
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """How a backend reports, in its own native terms.
+
+    ``lse_base`` is the base of the backend's native LSE; the adapter converts it to natural
+    log before writing. ``empty_lse`` is the native LSE of an empty context: -inf, or the
+    finite sentinel the kernel uses (TVM: -5e4 in base 2). The harness then accepts exactly
+    ``empty_lse * ln(lse_base)`` for empty rows.
+    """
+
+    lse_base: float = math.e
+    empty_lse: float = -math.inf
+
+    @property
+    def empty_lse_natural(self) -> float:
+        return self.empty_lse * math.log(self.lse_base)
+
+    def describe(self) -> dict[str, object]:
+        base = "e" if self.lse_base == math.e else self.lse_base
+        return {"lse_base": base, "empty_lse": self.empty_lse,
+                "empty_lse_natural": self.empty_lse_natural}
+
+
+@dataclass
+class AttentionState:
+    """A partial attention result: output ``(batch, heads, dim)`` and natural-log LSE
+    ``(batch, heads)`` float32."""
+
+    out: np.ndarray
+    lse: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+
+class Backend:
+    """Subclass this; set ``name``, ``capabilities``, ``conventions``; write ``decode``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    conventions: ClassVar[Conventions] = Conventions()
+
+    @classmethod
+    def availability(cls) -> str | None:
+        """None when the backend can run here, else why not (missing package, no GPU...)."""
+        return None
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        """Why a case is not claimed; override to add limits the capabilities can't say."""
+        return self.capabilities.unsupported_reason(case)
+
+    def decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
+               num_splits: int | None = None) -> None:
+        """Write attention output into ``out`` and natural-log LSE into ``lse``.
+
+        Both buffers arrive poisoned and must be fully written; the inputs must not change.
+        ``num_splits`` is a hint for backends with the ``split_k`` feature.
+        """
+        raise NotImplementedError
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        """Combine two states over disjoint KV sets with the backend's own merge kernel."""
+        raise NotImplementedError(f"backend {self.name!r} has no merge")

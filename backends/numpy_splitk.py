@@ -1,0 +1,126 @@
+"""A NumPy decode backend written like a split-K kernel, not like a second oracle.
+
+It walks the block table page by page, keeps per-split partial states (running max ``m``,
+denominator ``l``, accumulator ``acc``) in float32, packs the query heads of a GQA group
+into one tile, and combines the splits with a log-sum-exp merge. Its seams (``kv_head_map``,
+``valid_tokens``, ``load_page``, ``combine``) are where the suite's planted bugs go.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from backends.base import AttentionState, Backend, Capabilities
+from conformance.problem import Problem
+
+F32 = np.float32
+
+
+class NumpySplitK(Backend):
+    name = "numpy"
+    description = "split-K paged decode in NumPy: float32 partial states, GQA-packed, LSE merge"
+    capabilities = Capabilities(features=frozenset({"lse", "merge", "split_k", "sliding_window",
+                                                    "sinks"}),
+                                split_counts=(1, 3, 8))
+
+    def default_splits(self, problem: Problem) -> int:
+        longest = int(problem.context_lens.max(initial=0))
+        return max(1, min(8, math.ceil(longest / 128)))
+
+    def kv_head_map(self, num_qo_heads: int, num_kv_heads: int) -> np.ndarray:
+        """The KV head of each query head."""
+        return np.arange(num_qo_heads) // (num_qo_heads // num_kv_heads)
+
+    def valid_tokens(self, tokens: np.ndarray, start: int, end: int, problem: Problem,
+                     context_len: int) -> np.ndarray:
+        """Which of ``tokens`` this split attends to: inside the split and kept by the window."""
+        valid = (tokens >= start) & (tokens < end)
+        if problem.window is not None:
+            valid &= (tokens >= context_len - problem.window) | (tokens < problem.sinks)
+        return valid
+
+    def load_page(self, problem: Problem, block: int,
+                  valid: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """K and V of one page as float32, masked to ``valid``; None skips an unallocated page."""
+        if block < 0:
+            return None
+        keys = np.where(valid[:, None, None], problem.k_pages[block].astype(F32), F32(0))
+        values = np.where(valid[:, None, None], problem.v_pages[block].astype(F32), F32(0))
+        return keys, values
+
+    def combine(self, partials: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Merge the per-split states (m, l, acc) into the output and the natural-log LSE."""
+        m = np.stack([p[0] for p in partials])
+        l_split = np.stack([p[1] for p in partials])
+        acc = np.stack([p[2] for p in partials])
+        top = m.max(axis=0)
+        finite = np.isfinite(top)
+        weight = np.where(np.isfinite(m), np.exp(m - np.where(finite, top, F32(0))), F32(0))
+        total = (weight * l_split).sum(axis=0)
+        out = (weight[..., None] * acc).sum(axis=0) / np.where(finite, total, F32(1))[..., None]
+        lse = np.where(finite, top + np.log(np.where(finite, total, F32(1))), F32(-np.inf))
+        return out.astype(F32), lse.astype(F32)
+
+    def decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
+               num_splits: int | None = None) -> None:
+        splits = num_splits or self.default_splits(problem)
+        hq, hkv, d, ps = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim, \
+            problem.page_size
+        order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
+        for b in range(problem.batch):
+            n = int(problem.context_lens[b])
+            q = (problem.q[b].astype(F32) * F32(problem.sm_scale))[order].reshape(hkv, -1, d)
+            split_len = math.ceil(n / splits)
+            partials = []
+            for s in range(splits):
+                start, end = s * split_len, min(n, (s + 1) * split_len)
+                partials.append(self.split_state(problem, b, q, start, end, n))
+            merged_out, merged_lse = self.combine(partials)
+            row = np.empty((hq, d), dtype=F32)
+            row[order] = merged_out.reshape(hq, d)
+            row_lse = np.empty(hq, dtype=F32)
+            row_lse[order] = merged_lse.reshape(hq)
+            out[b] = row.astype(out.dtype)
+            lse[b] = row_lse
+
+    def split_state(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
+                    context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Online softmax over the pages of one split: returns (m, l, acc)."""
+        ps = problem.page_size
+        m = np.full(q.shape[:2], -np.inf, dtype=F32)
+        total = np.zeros(q.shape[:2], dtype=F32)
+        acc = np.zeros(q.shape, dtype=F32)
+        for page in range(start // ps, math.ceil(end / ps) if end > start else start // ps):
+            tokens = page * ps + np.arange(ps)
+            valid = self.valid_tokens(tokens, start, end, problem, context_len)
+            loaded = self.load_page(problem, int(problem.block_table[b, page]), valid)
+            if loaded is None:
+                continue
+            keys, values = loaded
+            scores = np.einsum("hgd,thd->hgt", q, keys)
+            scores = np.where(valid, scores, F32(-np.inf))
+            m_new = np.maximum(m, scores.max(axis=-1))
+            live = np.isfinite(m_new)
+            base = np.where(live, m_new, F32(0))
+            alpha = np.where(np.isfinite(m), np.exp(m - base), F32(0))
+            p = np.where(live[..., None], np.exp(scores - base[..., None]), F32(0))
+            total = total * alpha + p.sum(axis=-1)
+            acc = acc * alpha[..., None] + np.einsum("hgt,thd->hgd", p, values)
+            m = m_new
+        return m, total, acc
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        lse_a, lse_b = a.lse.astype(F32), b.lse.astype(F32)
+        top = np.maximum(lse_a, lse_b)
+        finite = np.isfinite(top)
+        base = np.where(finite, top, F32(0))
+        w_a = np.where(np.isfinite(lse_a), np.exp(lse_a - base), F32(0))
+        w_b = np.where(np.isfinite(lse_b), np.exp(lse_b - base), F32(0))
+        total = np.where(finite, w_a + w_b, F32(1))
+        out = (w_a[..., None] * a.out.astype(F32) + w_b[..., None] * b.out.astype(F32)) \
+            / total[..., None]
+        lse = np.where(finite, base + np.log(total), F32(-np.inf))
+        return AttentionState(out=out.astype(a.out.dtype), lse=lse.astype(F32))

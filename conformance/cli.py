@@ -1,0 +1,150 @@
+"""``python -m conformance``: list backends and cases, run the suite, write a backend skeleton."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from backends.registry import UnknownBackendError, known_backends
+from conformance.checks import CHECK_FAMILIES
+from conformance.manifest import ManifestError
+from conformance.report import write_json, write_terminal
+from conformance.runner import (BackendRun, RunSettings, check_families, open_backend, run,
+                                select_cases)
+from conformance.skeleton import class_name, write_skeleton
+from conformance.spec import SpecError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("backends", help="registered backends: availability and capabilities")
+
+    listing = sub.add_parser("list", help="the case ids of a profile")
+    listing.add_argument("--profile", default="ci")
+    listing.add_argument("--spec", help="a spec TOML other than the built-in one")
+    listing.add_argument("-k", dest="patterns", action="append", default=[],
+                         help="keep ids containing PATTERN (* and ? are wildcards)")
+
+    running = sub.add_parser("run", help="run the checks; exit 1 on any unexpected failure")
+    running.add_argument("--backend", action="append", default=[],
+                         help="a registered name or module:Class (repeatable); "
+                              "default: every available backend")
+    running.add_argument("--profile", default="ci")
+    running.add_argument("--spec", help="a spec TOML other than the built-in one")
+    running.add_argument("-k", dest="patterns", action="append", default=[],
+                         help="keep case ids containing PATTERN (* and ? are wildcards)")
+    running.add_argument("--case", action="append", default=[], help="exactly this case id")
+    running.add_argument("--check", action="append", default=[],
+                         help=f"check family (repeatable): {', '.join(CHECK_FAMILIES)}")
+    running.add_argument("--expectations", type=Path,
+                         help="directory of expectation manifests (default: expectations/)")
+    running.add_argument("--report-json", type=Path, help="write the JSON report here")
+
+    skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
+    skeleton.add_argument("name", help="backend name, e.g. my-kernel")
+    skeleton.add_argument("--out", type=Path, help="file to write (default: NAME.py here)")
+    return parser
+
+
+def _cmd_backends() -> int:
+    for name in sorted(known_backends()):
+        backend = open_backend(name)
+        state = "available" if backend.reason is None else f"unavailable: {backend.reason}"
+        print(f"{name}: {state}")
+        if backend.cls.description:
+            print(f"  {backend.cls.description}")
+        for key, value in backend.cls.capabilities.describe().items():
+            print(f"  {key}: {value}")
+        conventions = backend.cls.conventions.describe()
+        print(f"  conventions: LSE base {conventions['lse_base']}, empty-context LSE "
+              f"{conventions['empty_lse']}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    settings = RunSettings(profile=args.profile, spec_path=args.spec)
+    for case in select_cases(settings.spec(), args.profile, args.patterns):
+        print(case.id)
+    return 0
+
+
+class Progress:
+    """A one-line progress bar on a terminal, a line every 10% elsewhere."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+        self.last_decile = -1
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            width = 30
+            filled = width * done // max(total, 1)
+            text = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s "
+            self.stream.write(text + label[:60].ljust(60))
+            if done == total:
+                self.stream.write("\n")
+        elif done * 10 // max(total, 1) > self.last_decile:
+            self.last_decile = done * 10 // max(total, 1)
+            self.stream.write(f"{done}/{total} cases, {elapsed:.1f}s\n")
+        self.stream.flush()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    settings = RunSettings(profile=args.profile, spec_path=args.spec,
+                           families=check_families(args.check or CHECK_FAMILIES),
+                           manifest_dir=args.expectations,
+                           filtered=bool(args.patterns or args.case or args.check))
+    cases = select_cases(settings.spec(), args.profile, args.patterns, args.case)
+    if not cases:
+        print("error: no case matches the selection", file=sys.stderr)
+        return 2
+    if args.backend:
+        backends = [open_backend(name, args.expectations) for name in args.backend]
+        unavailable = [b for b in backends if b.reason]
+        for backend in unavailable:
+            print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
+                  file=sys.stderr)
+        if unavailable:
+            return 2
+    else:
+        backends = [open_backend(name, args.expectations) for name in sorted(known_backends())]
+        for backend in backends:
+            if backend.reason:
+                print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
+        backends = [b for b in backends if b.reason is None]
+    started = time.monotonic()
+    report = run(backends, cases, settings, Progress())
+    write_terminal(report, sys.stdout)
+    print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
+          f"{', '.join(b.label for b in backends)}")
+    if args.report_json:
+        write_json(report, args.report_json)
+        print(f"JSON report: {args.report_json}")
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "backends":
+            return _cmd_backends()
+        if args.command == "list":
+            return _cmd_list(args)
+        if args.command == "run":
+            return _cmd_run(args)
+        out = args.out or Path(f"{args.name.replace('-', '_')}.py")
+        write_skeleton(args.name, out)
+        print(f"wrote {out}; run it with: python -m conformance run --backend "
+              f"{out}:{class_name(args.name)} --profile smoke")
+        return 0
+    except (SpecError, UnknownBackendError, ManifestError, ValueError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+

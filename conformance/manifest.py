@@ -1,0 +1,105 @@
+"""Expectation manifests: known deviations of a backend, each with a reason.
+
+``expectations/<backend>.toml`` holds ``[[expect]]`` entries with ``case`` and ``check``
+glob patterns, a ``reason`` and an optional ``link``. A listed failure is a
+``known-failure``; a listed check that passes is an ``unexpected-pass`` and fails the run
+until the entry is removed; an entry that matches nothing is *stale*.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
+_KEYS = {"case", "check", "reason", "link"}
+
+
+class ManifestError(ValueError):
+    """A manifest entry that cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    case: str
+    check: str
+    reason: str
+    link: str = ""
+    line: int = 0
+
+    def matches(self, case_id: str, check: str) -> bool:
+        return fnmatch.fnmatchcase(case_id, self.case) and (
+            fnmatch.fnmatchcase(check, self.check)
+            or fnmatch.fnmatchcase(check.split("/", 1)[0], self.check))
+
+
+@dataclass
+class Manifest:
+    backend: str
+    entries: list[Expectation] = field(default_factory=list)
+    path: Path | None = None
+    used: set[int] = field(default_factory=set)
+
+    def lookup(self, case_id: str, check: str) -> Expectation | None:
+        for index, entry in enumerate(self.entries):
+            if entry.matches(case_id, check):
+                self.used.add(index)
+                return entry
+        return None
+
+    def stale(self) -> list[Expectation]:
+        return [e for i, e in enumerate(self.entries) if i not in self.used]
+
+
+def _entry_lines(text: str) -> list[int]:
+    return [number for number, line in enumerate(text.splitlines(), start=1)
+            if line.strip() == "[[expect]]"]
+
+
+def load_manifest(backend: str, directory: Path | None = None) -> Manifest:
+    """The manifest of a backend, or an empty one when it has no file."""
+    path = (directory or EXPECTATIONS_DIR) / f"{backend.replace(':', '_')}.toml"
+    if not path.exists():
+        return Manifest(backend)
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: not valid TOML: {exc}") from None
+    unknown = set(data) - {"expect"}
+    if unknown:
+        raise ManifestError(f"{path}: unknown top-level key(s) {sorted(unknown)}; entries go in "
+                            f"[[expect]] tables")
+    lines = _entry_lines(text)
+    entries = []
+    for index, raw in enumerate(data.get("expect", [])):
+        line = lines[index] if index < len(lines) else 0
+        where = f"{path}:{line} (entry {index + 1})"
+        bad = set(raw) - _KEYS
+        if bad:
+            raise ManifestError(f"{where}: unknown field(s) {sorted(bad)}; known: "
+                                f"{', '.join(sorted(_KEYS))}")
+        for key in ("case", "check", "reason"):
+            value = raw.get(key)
+            if not isinstance(value, str) or not value.strip():
+                raise ManifestError(f"{where}: field {key!r} must be a non-empty string, "
+                                    f"got {value!r}")
+        entries.append(Expectation(raw["case"], raw["check"], raw["reason"],
+                                   raw.get("link", ""), line))
+    return Manifest(backend, entries, path)
+
+
+def apply(manifest: Manifest, case_id: str, check: str, status: str) -> tuple[str, str]:
+    """The status after the manifest, and the reason of the entry that changed it."""
+    entry = manifest.lookup(case_id, check)
+    if entry is None:
+        return status, ""
+    if status in ("failed", "error"):
+        return "known-failure", entry.reason
+    if status == "passed":
+        where = f"{manifest.path}:{entry.line}" if manifest.path else "the manifest"
+        return "unexpected-pass", f"listed as known ({entry.reason}) but passed: remove the " \
+                                  f"entry at {where}"
+    return status, ""

@@ -1,0 +1,203 @@
+"""Materialising a case into canonical NumPy arrays, laid out adversarially.
+
+Logical values (what each sequence holds) are drawn from the case's seed; the layout (which
+physical page holds what) from a separate layout seed, so the checks can lay the same values
+out again and expect the same answer. Every slot a kernel must not read is NaN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from conformance.dtypes import numpy_dtype
+from conformance.spec import Case
+from references import kept_tokens
+
+# Output poisons: a first run sees NaN, a second run a finite value no real output takes.
+POISONS = (float("nan"), -12288.0)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The canonical decode problem every adapter receives (DESIGN §3)."""
+
+    q: np.ndarray  # (batch, num_qo_heads, head_dim), case dtype
+    k_pages: np.ndarray  # (num_pages, page_size, num_kv_heads, head_dim), case dtype
+    v_pages: np.ndarray  # same shape as k_pages
+    block_table: np.ndarray  # (batch, max_blocks) int32, -1 where unallocated
+    context_lens: np.ndarray  # (batch,) int32
+    sm_scale: float
+    window: int | None = None
+    sinks: int = 0
+
+    @property
+    def batch(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def num_qo_heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_pages.shape[2]
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages.shape[1]
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.q.dtype
+
+    def kept(self, row: int) -> np.ndarray:
+        """Positions of row ``row`` that take part in attention."""
+        return kept_tokens(int(self.context_lens[row]), self.window, self.sinks)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"q": self.q, "k_pages": self.k_pages, "v_pages": self.v_pages,
+                "block_table": self.block_table, "context_lens": self.context_lens}
+
+
+@dataclass(frozen=True)
+class LogicalKV:
+    """What each sequence holds, independent of paging: the values a layout places."""
+
+    q: np.ndarray  # (batch, num_qo_heads, head_dim)
+    keys: tuple[np.ndarray, ...]  # per sequence (context_len, num_kv_heads, head_dim)
+    values: tuple[np.ndarray, ...]
+    sm_scale: float
+    window: int | None = None
+    sinks: int = 0
+
+    @property
+    def context_lens(self) -> list[int]:
+        return [k.shape[0] for k in self.keys]
+
+    def lay_out(self, page_size: int, layout_seed: int, table_padding: int = 3,
+                shared_pages: int = 0) -> Problem:
+        """Page the sequences into a shuffled pool larger than needed.
+
+        Physical page 0 is never used (a ``-1`` read as page 0 meets NaN); pages that the
+        window evicts entirely are ``-1`` in the table; the first ``shared_pages`` pages of
+        every long-enough sequence are the first sequence's physical pages.
+        """
+        rng = np.random.default_rng(layout_seed)
+        lens = self.context_lens
+        num_kv_heads, head_dim = self.keys[0].shape[1], self.q.shape[2]
+        logical_pages = [math.ceil(n / page_size) for n in lens]
+        max_blocks = max(logical_pages, default=0) + table_padding
+        table = np.full((len(lens), max(max_blocks, 1)), -1, dtype=np.int32)
+        needed: list[list[bool]] = []
+        for n in lens:
+            used = np.zeros(math.ceil(n / page_size), dtype=bool)
+            used[kept_tokens(n, self.window, self.sinks) // page_size] = True
+            needed.append(used.tolist())
+        sharing = shared_pages if len(lens) > 1 and lens[0] >= shared_pages * page_size else 0
+        owners: list[tuple[int, int]] = []
+        for b, used in enumerate(needed):
+            for j, is_used in enumerate(used):
+                shared = sharing and b > 0 and j < sharing and lens[b] >= sharing * page_size
+                if is_used and not (shared and needed[0][j]):
+                    owners.append((b, j))
+        num_pages = len(owners) + max(2, len(owners) // 2) + 1
+        physical = rng.permutation(np.arange(1, num_pages))[: len(owners)]
+        for (b, j), page in zip(owners, physical):
+            table[b, j] = page
+        for b in range(1, len(lens)):
+            if sharing and lens[b] >= sharing * page_size:
+                for j in range(sharing):
+                    if needed[b][j] and needed[0][j]:
+                        table[b, j] = table[0, j]
+        dtype = self.q.dtype
+        k_pages = np.full((num_pages, page_size, num_kv_heads, head_dim), np.nan, dtype=dtype)
+        v_pages = np.full_like(k_pages, np.nan)
+        for b, n in enumerate(lens):
+            positions = kept_tokens(n, self.window, self.sinks)
+            pages = table[b, positions // page_size]
+            k_pages[pages, positions % page_size] = self.keys[b][positions]
+            v_pages[pages, positions % page_size] = self.values[b][positions]
+        return Problem(q=self.q.copy(), k_pages=k_pages, v_pages=v_pages, block_table=table,
+                       context_lens=np.asarray(lens, dtype=np.int32), sm_scale=self.sm_scale,
+                       window=self.window, sinks=self.sinks)
+
+    def select(self, rows: list[int]) -> LogicalKV:
+        """The same sequences in another order or subset."""
+        return LogicalKV(q=self.q[rows], keys=tuple(self.keys[r] for r in rows),
+                         values=tuple(self.values[r] for r in rows), sm_scale=self.sm_scale,
+                         window=self.window, sinks=self.sinks)
+
+
+def logical_kv(case: Case) -> LogicalKV:
+    """Draw the values of a case from its seed, in the case's distribution."""
+    rng = np.random.default_rng(case.seed)
+    dtype = numpy_dtype(case.dtype)
+    hq, hkv, d, g = case.num_qo_heads, case.num_kv_heads, case.head_dim, case.group_size
+    q = rng.standard_normal((case.batch, hq, d))
+    keys = [rng.standard_normal((n, hkv, d)) for n in case.context_lens]
+    values = [rng.standard_normal((n, hkv, d)) for n in case.context_lens]
+    if case.distribution == "uniform":
+        q[:] = 0.0
+    elif case.distribution == "large":
+        q *= 100.0  # |scores| ~ 1e4 at the default scale
+        keys = [k * 100.0 for k in keys]
+    elif case.distribution == "constant-v":
+        values = [np.broadcast_to(rng.standard_normal((1, hkv, d)), v.shape).copy()
+                  for v in values]
+    elif case.distribution in ("peaked", "very-negative"):
+        direction = rng.standard_normal((case.batch, hkv, d))
+        direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+        grouped = np.repeat(direction, g, axis=1)  # (batch, hq, d)
+        if case.distribution == "peaked":
+            q = grouped * math.sqrt(d) + 0.3 * q
+            for b, n in enumerate(case.context_lens):
+                kept = kept_tokens(n, case.window, case.sinks)
+                if kept.size:
+                    star = rng.choice(kept, size=hkv)
+                    keys[b][star, np.arange(hkv)] = 30.0 / case.scale / math.sqrt(d) * \
+                        direction[b]
+        else:
+            magnitude = math.sqrt(1e5 / case.scale)  # scores ~ -1e5
+            q = magnitude * grouped + q
+            keys = [-magnitude * direction[b] + k for b, k in enumerate(keys)]
+    if case.shared_pages and case.context_lens[0] >= case.shared_pages * case.page_size:
+        prefix = case.shared_pages * case.page_size
+        for b in range(1, case.batch):
+            if case.context_lens[b] >= prefix:
+                keys[b][:prefix] = keys[0][:prefix]
+                values[b][:prefix] = values[0][:prefix]
+    return LogicalKV(q=q.astype(dtype), keys=tuple(k.astype(dtype) for k in keys),
+                     values=tuple(v.astype(dtype) for v in values), sm_scale=case.scale,
+                     window=case.window, sinks=case.sinks)
+
+
+def materialise(case: Case, layout_seed: int | None = None) -> Problem:
+    """The canonical problem of a case, laid out from its seed (or another layout seed)."""
+    seed = case.seed + 1 if layout_seed is None else layout_seed
+    return logical_kv(case).lay_out(case.page_size, seed, case.table_padding, case.shared_pages)
+
+
+def poisoned_outputs(problem: Problem, poison: float) -> tuple[np.ndarray, np.ndarray]:
+    """Output and LSE buffers pre-filled with a poison, for the backend to overwrite."""
+    out = np.full(problem.q.shape, poison, dtype=problem.dtype)
+    lse = np.full(problem.q.shape[:2], poison, dtype=np.float32)
+    return out, lse
+
+
+def fingerprint(arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """A digest per array (shape, dtype and bytes), to show that a call left its inputs alone."""
+    return {name: hashlib.blake2b(repr((a.shape, a.dtype.str)).encode() + np.ascontiguousarray(a)
+                                  .tobytes(), digest_size=16).hexdigest()
+            for name, a in arrays.items()}

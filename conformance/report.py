@@ -1,0 +1,113 @@
+"""Reports: the terminal matrix and failure list, and the JSON report (schema in README)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from conformance.checks import CHECK_FAMILIES
+from conformance.runner import FAILING, RunReport, results_by_family
+
+SCHEMA = "paged-decode-conformance/report/1"
+# Cell letters of the terminal matrix, in the order they are shown.
+MARKS = {"failed": "F", "error": "E", "unexpected-pass": "X", "known-failure": "K",
+         "unsupported": "U"}
+LEGEND = ("cell = checks passed, then F failed, E error, X unexpected pass (strict), "
+          "K known failure (manifest), U unsupported")
+
+
+def _cell(counts: dict[str, int]) -> str:
+    parts = [str(counts.get("passed", 0))]
+    parts += [f"{mark}{counts[status]}" for status, mark in MARKS.items() if counts.get(status)]
+    return " ".join(parts)
+
+
+def matrix_lines(report: RunReport) -> list[str]:
+    """The backend x check-family matrix as aligned text lines."""
+    cells: dict[str, dict[str, str]] = {}
+    for backend, family, counts in results_by_family(report.results):
+        cells.setdefault(backend, {})[family] = _cell(counts)
+    families = [f for f in CHECK_FAMILIES if f in report.settings.families]
+    header = ["backend", *families, "verdict"]
+    rows = [header]
+    for backend in report.backends:
+        row_cells = cells.get(backend.label, {})
+        bad = any(r.status in FAILING for r in report.results if r.backend == backend.label)
+        rows.append([backend.label, *(row_cells.get(f, "-") for f in families),
+                     "FAIL" if bad else "ok"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) -> None:
+    print(file=stream)
+    print(f"profile {report.settings.profile}: {len(report.cases)} cases, "
+          f"{len(report.results)} checks", file=stream)
+    for line in matrix_lines(report):
+        print("  " + line, file=stream)
+    print("  " + LEGEND, file=stream)
+    for backend in report.backends:
+        stale = [] if report.settings.filtered else backend.manifest.stale()
+        for entry in stale:
+            print(f"  stale expectation in {backend.manifest.path}:{entry.line}: case "
+                  f"{entry.case!r} check {entry.check!r} matched nothing", file=stream)
+    failures = report.failures
+    if not failures:
+        print("\nno unexpected failures", file=stream)
+        return
+    print(f"\n{len(failures)} unexpected failure(s):", file=stream)
+    for result in failures[:max_failures]:
+        measured = ""
+        if result.error is not None and result.budget is not None:
+            measured = f" [error {result.error:.3g}, budget {result.budget:.3g}]"
+        print(f"- {result.status.upper()} {result.backend} {result.check}{measured}\n"
+              f"  case: {result.case}\n  {result.message}\n  rerun: {result.reproducer}",
+              file=stream)
+    if len(failures) > max_failures:
+        print(f"... and {len(failures) - max_failures} more (see the JSON report)", file=stream)
+
+
+def _finite_or_text(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
+    summary: dict[str, dict[str, dict[str, int]]] = {}
+    for backend, family, counts in results_by_family(report.results):
+        summary.setdefault(backend, {})[family] = counts
+    results = []
+    for result in report.results:
+        row = result.as_dict()
+        for key in ("error", "budget", "budget_table", "budget_ratio"):
+            row[key] = _finite_or_text(row[key])
+        results.append(row)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": argv if argv is not None else sys.argv,
+        "profile": report.settings.profile,
+        "spec": report.settings.spec_path or "built-in",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "numpy": np.__version__},
+        "backends": [b.describe() for b in report.backends],
+        "summary": summary,
+        "ok": report.ok,
+        "results": results,
+        "stale_expectations": [
+            {"backend": b.label, "case": e.case, "check": e.check, "reason": e.reason,
+             "line": e.line} for b in report.backends for e in b.manifest.stale()
+            if not report.settings.filtered],
+    }
+
+
+def write_json(report: RunReport, path: str | Path, argv: list[str] | None = None) -> None:
+    Path(path).write_text(json.dumps(report_dict(report, argv), indent=1) + "\n")

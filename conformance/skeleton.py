@@ -1,0 +1,89 @@
+"""``new-backend``: a skeleton adapter that runs as written and claims nothing until filled in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+TEMPLATE = '''"""{name}: a paged decode attention backend for the conformance suite.
+
+Add a backend in ten minutes:
+
+1. Run this file as it is; every case is reported *unsupported*, none passed:
+       python -m conformance run --backend {path}:{cls} --profile smoke
+2. Fill in ``decode`` below. The problem is canonical NumPy (DESIGN §3):
+       problem.q             (batch, num_qo_heads, head_dim)               case dtype
+       problem.k_pages       (num_pages, page_size, num_kv_heads, head_dim) case dtype
+       problem.v_pages       same shape as k_pages
+       problem.block_table   (batch, max_blocks) int32, -1 = unallocated
+       problem.context_lens  (batch,) int32, 0 is legal
+       problem.sm_scale, problem.window (None or int), problem.sinks (int)
+   Convert to your kernel's layout here (that part is not timed), run the kernel, and write
+   the results into ``out`` (batch, num_qo_heads, head_dim) in the query dtype and ``lse``
+   (batch, num_qo_heads) float32, natural log. Both arrive poisoned: write every element.
+   Do not modify the problem's arrays; the suite fingerprints them.
+3. Declare ``capabilities`` honestly: what you leave out is reported unsupported, with the
+   reason; what you claim and fail is a failure.
+4. If your kernel reports LSE in base 2 or uses a finite "empty" LSE, say so in
+   ``conventions`` and convert the LSE to natural log before writing it.
+5. Run the ``ci`` profile; list deviations you accept in expectations/{name}.toml with a
+   reason each, and register the backend in backends/registry.py (or through the
+   ``paged_decode_conformance.backends`` entry-point group of your own package).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import AttentionState, Backend, Capabilities, Conventions
+
+
+class {cls}(Backend):
+    name = "{name}"
+    description = "describe the kernel in one line"
+    capabilities = Capabilities(
+        dtypes=frozenset(),  # e.g. frozenset({{"float16", "bfloat16"}}): empty claims nothing
+        head_dims=None,  # None = any; else e.g. frozenset({{64, 128}})
+        page_sizes=None,
+        max_group_size=None,
+        features=frozenset(),  # any of "lse", "merge", "split_k", "sliding_window", "sinks"
+        devices=("cpu",),
+        float32_matmul="ieee",  # "tf32" if float32 matmuls run in TF32
+    )
+    conventions = Conventions()  # e.g. Conventions(lse_base=2.0, empty_lse=-5e4)
+
+    @classmethod
+    def availability(cls) -> str | None:
+        # Return why this backend cannot run here (a missing package, no GPU), or None.
+        return None
+
+    def unsupported_reason(self, case) -> str | None:
+        if not self.capabilities.dtypes:
+            return "skeleton: declare capabilities and fill in decode()"
+        return super().unsupported_reason(case)
+
+    def decode(self, problem, out: np.ndarray, lse: np.ndarray, *,
+               num_splits: int | None = None) -> None:
+        raise NotImplementedError("fill in decode()")
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        # Only with the "merge" feature: combine two states with your merge kernel and
+        # return a new AttentionState(out, lse) without modifying a or b.
+        raise NotImplementedError("fill in merge() or leave 'merge' out of the features")
+'''
+
+
+def class_name(name: str) -> str:
+    """``my-kernel`` -> ``MyKernelBackend``."""
+    parts = re.split(r"[^0-9A-Za-z]+", name)
+    return "".join(part[:1].upper() + part[1:] for part in parts if part) + "Backend"
+
+
+def write_skeleton(name: str, path: Path) -> None:
+    """Write the skeleton; refuses to overwrite an existing file."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise ValueError(f"backend name {name!r} must start with a letter and hold only "
+                         f"letters, digits, '-' and '_'")
+    if path.exists():
+        raise FileExistsError(f"{path} exists; choose another --out")
+    path.write_text(TEMPLATE.format(name=name, cls=class_name(name), path=path))

@@ -1,0 +1,311 @@
+"""The spec: a TOML file of problem families that expands deterministically into cases.
+
+The TOML is the only place a case is defined. Each ``[[family]]`` names the edge case it
+stands for, the profiles that run it, fields it sets, an optional grid of fields to cross and
+a list of variants; every combination is crossed with the family's dtypes. A bad entry fails
+at load with the family, the variant and the field named.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import tomllib
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from conformance.dtypes import DTYPES, SHORT_NAMES
+
+SPEC_PATH = Path(__file__).with_name("spec.toml")
+
+DISTRIBUTIONS = {
+    "normal": "q, k, v standard normal",
+    "peaked": "one key per KV head dominates by ~30 in score: near one-hot attention",
+    "uniform": "q = 0: every score is 0, the output is the mean of V",
+    "large": "scores of magnitude ~1e4: stresses the online-softmax rescale",
+    "very-negative": "every score near -1e5, below any finite 'minus infinity' sentinel",
+    "constant-v": "every value row of a KV head is the same vector: output must equal it",
+}
+
+
+class SpecError(ValueError):
+    """A spec entry that cannot become a case; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One decode problem, before its arrays exist; ``id`` is stable across runs and machines."""
+
+    family: str
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: str
+    context_lens: tuple[int, ...]
+    distribution: str = "normal"
+    window: int | None = None
+    sinks: int = 0
+    sm_scale: float | None = None
+    num_splits: int | None = None
+    shared_pages: int = 0
+    table_padding: int = 3
+    tag: str = ""
+    batch_label: str = field(default="", compare=False)
+
+    @property
+    def id(self) -> str:
+        shape = (f"q{self.num_qo_heads}kv{self.num_kv_heads}-d{self.head_dim}"
+                 f"-ps{self.page_size}-{SHORT_NAMES[self.dtype]}")
+        ctx = self.batch_label or "[" + ",".join(map(str, self.context_lens)) + "]"
+        detail = f"ctx{ctx}"
+        if self.window is not None:
+            detail += f"-window{self.window}"
+            if self.sinks:
+                detail += f"+sink{self.sinks}"
+        detail += f"-{self.distribution}"
+        if self.sm_scale is not None:
+            detail += f"-scale{self.sm_scale:g}"
+        if self.num_splits is not None:
+            detail += f"-splits{self.num_splits}"
+        if self.shared_pages:
+            detail += f"-shared{self.shared_pages}"
+        if self.table_padding != Case.table_padding:
+            detail += f"-pad{self.table_padding}"
+        return "/".join(part for part in (self.family, self.tag, shape, detail) if part)
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.id.encode())
+
+    @property
+    def batch(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def scale(self) -> float:
+        return self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """Optional kernel features this case needs (names as in ``Capabilities.features``)."""
+        needed = set()
+        if self.window is not None:
+            needed.add("sliding_window")
+        if self.sinks:
+            needed.add("sinks")
+        return frozenset(needed)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    doc: str
+    dtypes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    doc: str
+    profiles: tuple[str, ...]
+    cases: tuple[Case, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    profiles: Mapping[str, Profile]
+    families: tuple[Family, ...]
+
+    def cases(self, profile: str) -> list[Case]:
+        """The cases of a profile, in spec order."""
+        if profile not in self.profiles:
+            raise SpecError(f"unknown profile {profile!r}; known: {', '.join(self.profiles)}")
+        dtypes = self.profiles[profile].dtypes
+        return [case for family in self.families if profile in family.profiles
+                for case in family.cases if dtypes is None or case.dtype in dtypes]
+
+
+# Fields a family's `set`, `grid` and `variants` may give, with their types.
+_INT_FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "window", "sinks",
+               "num_splits", "shared_pages", "table_padding")
+_CASE_FIELDS = {f.name for f in fields(Case)} - {"family", "batch_label", "dtype"}
+_FIELD_NAMES = sorted(_CASE_FIELDS | {"dtypes"})
+_FAMILY_KEYS = {"name", "doc", "profiles", "set", "grid", "variants"}
+
+
+def _check_keys(where: str, table: Mapping[str, Any], allowed: set[str] | list[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(allowed))})")
+
+
+def _int(where: str, name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(f"{where}: field {name!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(f"{where}: field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _context_lens(where: str, value: Any) -> tuple[tuple[int, ...], str]:
+    """Explicit lengths, or a seeded draw from ``{batch, min, max}`` for large batches."""
+    if isinstance(value, list):
+        if not value:
+            raise SpecError(f"{where}: field 'context_lens' must not be empty")
+        return tuple(_int(where, "context_lens", n, 0) for n in value), ""
+    if isinstance(value, dict):
+        _check_keys(f"{where} context_lens", value, {"batch", "min", "max"})
+        batch = _int(where, "context_lens.batch", value.get("batch"), 1)
+        low = _int(where, "context_lens.min", value.get("min"), 0)
+        high = _int(where, "context_lens.max", value.get("max"), low)
+        draw = random.Random(f"{batch}:{low}:{high}")
+        return tuple(draw.randint(low, high) for _ in range(batch)), f"{batch}x[{low}..{high}]"
+    raise SpecError(f"{where}: field 'context_lens' must be a list of integers or a table "
+                    f"{{batch, min, max}}, got {value!r}")
+
+
+def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -> Case:
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        if name == "context_lens":
+            kwargs["context_lens"], kwargs["batch_label"] = _context_lens(where, value)
+        elif name in _INT_FIELDS:
+            kwargs[name] = _int(where, name, value, 0 if name in ("sinks", "shared_pages",
+                                                                  "table_padding") else 1)
+        elif name == "sm_scale":
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise SpecError(f"{where}: field 'sm_scale' must be a positive number, "
+                                f"got {value!r}")
+            kwargs[name] = float(value)
+        elif name in ("distribution", "tag"):
+            if not isinstance(value, str):
+                raise SpecError(f"{where}: field {name!r} must be a string, got {value!r}")
+            kwargs[name] = value
+    for required in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "context_lens"):
+        if required not in kwargs:
+            raise SpecError(f"{where}: field {required!r} is missing")
+    if kwargs["num_qo_heads"] % kwargs["num_kv_heads"]:
+        raise SpecError(f"{where}: num_qo_heads={kwargs['num_qo_heads']} is not a multiple of "
+                        f"num_kv_heads={kwargs['num_kv_heads']}")
+    distribution = kwargs.get("distribution", "normal")
+    if distribution not in DISTRIBUTIONS:
+        raise SpecError(f"{where}: field 'distribution' is {distribution!r}; known: "
+                        f"{', '.join(DISTRIBUTIONS)}")
+    if kwargs.get("sinks") and "window" not in kwargs:
+        raise SpecError(f"{where}: field 'sinks' needs a 'window' (sinks are the tokens a "
+                        f"sliding window keeps)")
+    if kwargs.get("shared_pages") and len(kwargs["context_lens"]) < 2:
+        raise SpecError(f"{where}: field 'shared_pages' needs a batch of at least 2")
+    return Case(family=family, dtype=dtype, **kwargs)
+
+
+def _dtypes(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}: field 'dtypes' must be a non-empty list, got {value!r}")
+    for name in value:
+        if name not in DTYPES:
+            raise SpecError(f"{where}: field 'dtypes' names {name!r}; known: {', '.join(DTYPES)}")
+    return value
+
+
+def _table(where: str, name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: field {name!r} must be a table, got {value!r}")
+    return value
+
+
+def _expand_family(entry: Mapping[str, Any], index: int, defaults: Mapping[str, Any],
+                   profiles: Mapping[str, Profile], source: str) -> Family:
+    where = f"{source}: family #{index + 1}"
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
+    where = f"{source}: family {name!r}"
+    _check_keys(where, entry, _FAMILY_KEYS)
+    doc = entry.get("doc", "")
+    family_profiles = entry.get("profiles")
+    if not isinstance(family_profiles, list) or not family_profiles:
+        raise SpecError(f"{where}: field 'profiles' must be a non-empty list")
+    for profile in family_profiles:
+        if profile not in profiles:
+            raise SpecError(f"{where}: field 'profiles' names {profile!r}; known: "
+                            f"{', '.join(profiles)}")
+    base = _table(where, "set", entry.get("set", {}))
+    grid = _table(where, "grid", entry.get("grid", {}))
+    variants = entry.get("variants", [{}])
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise SpecError(f"{where}: field 'variants' must be a list of tables")
+    _check_keys(f"{where} set", base, _FIELD_NAMES)
+    _check_keys(f"{where} grid", grid, _FIELD_NAMES)
+    for axis, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{where} grid: field {axis!r} must be a non-empty list")
+    cases: dict[str, Case] = {}
+    for number, variant in enumerate(variants, start=1):
+        variant_where = f"{where} variant {number}"
+        _check_keys(variant_where, variant, _FIELD_NAMES)
+        for combo in itertools.product(*grid.values()):
+            values = {**defaults, **base, **dict(zip(grid, combo)), **variant}
+            dtypes = _dtypes(variant_where, values.pop("dtypes", list(DTYPES)))
+            for dtype in dtypes:
+                case = _make_case(variant_where, name, values, dtype)
+                cases.setdefault(case.id, case)
+    return Family(name=name, doc=doc, profiles=tuple(family_profiles), cases=tuple(cases.values()))
+
+
+def parse_spec(data: Mapping[str, Any], source: str = "spec") -> Spec:
+    """Validate and expand a parsed spec document."""
+    _check_keys(source, data, {"schema", "defaults", "profiles", "family"})
+    defaults = _table(source, "defaults", data.get("defaults", {}))
+    _check_keys(f"{source}: defaults", defaults, _FIELD_NAMES)
+    profiles: dict[str, Profile] = {}
+    for name, entry in _table(source, "profiles", data.get("profiles", {})).items():
+        where = f"{source}: profile {name!r}"
+        _check_keys(where, _table(where, name, entry), {"doc", "dtypes"})
+        dtypes = tuple(_dtypes(where, entry["dtypes"])) if "dtypes" in entry else None
+        profiles[name] = Profile(name=name, doc=entry.get("doc", ""), dtypes=dtypes)
+    if not profiles:
+        raise SpecError(f"{source}: no [profiles.NAME] table")
+    families = data.get("family", [])
+    if not isinstance(families, list):
+        raise SpecError(f"{source}: 'family' must be an array of tables ([[family]])")
+    expanded = tuple(_expand_family(entry, i, defaults, profiles, source)
+                     for i, entry in enumerate(families))
+    seen: dict[str, int] = {}
+    for family in expanded:
+        seen[family.name] = seen.get(family.name, 0) + 1
+        if seen[family.name] > 1:
+            raise SpecError(f"{source}: family {family.name!r} is defined twice")
+    return Spec(profiles=profiles, families=expanded)
+
+
+def load_spec(path: str | Path | None = None) -> Spec:
+    """Load and expand a spec file (the built-in one by default)."""
+    path = Path(path) if path is not None else SPEC_PATH
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path.name}: not valid TOML: {exc}") from None
+    return parse_spec(data, source=path.name)
+
+
+@cache
+def default_spec() -> Spec:
+    return load_spec()
+
+
+def with_changes(case: Case, **changes: Any) -> Case:
+    """A copy of a case with some fields changed (the id follows the fields)."""
+    if "context_lens" in changes:
+        changes.setdefault("batch_label", "")
+    return replace(case, **changes)

@@ -1,0 +1,67 @@
+"""Error measures and per-dtype budgets.
+
+A budget has two sources, shown side by side: a fixed table per dtype, and the error-ratio
+rule (a backend may be at most ``RATIO`` times as wrong as the oracle recomputed in the
+case's own precision). The larger applies, so the table is a floor and the ratio rule
+widens it only where the case is hard for that precision (long sums, huge scores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+TABLE = {"float32": 1e-5, "tf32": 1e-3, "float16": 1e-3, "bfloat16": 1e-2}
+RATIO = 4.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    table: float
+    ratio: float  # RATIO x the low-precision oracle's error; nan when that oracle failed
+
+    @property
+    def value(self) -> float:
+        return max(self.table, self.ratio if math.isfinite(self.ratio) else 0.0)
+
+    def scaled(self, factor: float) -> Budget:
+        return Budget(self.table * factor, self.ratio * factor)
+
+
+def table_budget(dtype: str, float32_matmul: str = "ieee") -> float:
+    return TABLE["tf32" if dtype == "float32" and float32_matmul == "tf32" else dtype]
+
+
+def output_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Max absolute difference over the largest reference magnitude; NaN or inf gives inf."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return math.inf
+    scale = float(np.abs(want).max(initial=0.0)) or 1.0
+    return float(np.abs(got - want).max(initial=0.0)) / scale
+
+
+def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf) -> float:
+    """Absolute error over max(1, |want|); where ``want`` is empty (-inf), ``got`` must be
+    exactly the empty value the backend declared, else the error is inf."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if np.isnan(got).any():
+        return math.inf
+    empty = np.isneginf(want) | (want == empty_value)
+    if math.isinf(empty_value):
+        empty_ok = np.isneginf(got[empty])
+    else:
+        empty_ok = np.isclose(got[empty], empty_value, rtol=1e-6, atol=0.0)
+    if not np.all(empty_ok):
+        return math.inf
+    live = ~empty
+    if not live.any():
+        return 0.0
+    diff = np.abs(got[live] - want[live])
+    if not np.all(np.isfinite(diff)):
+        return math.inf
+    return float((diff / np.maximum(1.0, np.abs(want[live]))).max())

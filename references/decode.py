@@ -1,0 +1,73 @@
+"""The float64 decode oracle: one query token per sequence over a paged KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def kept_tokens(context_len: int, window: int | None, sinks: int) -> np.ndarray:
+    """Token positions that take part in attention.
+
+    The window keeps the last ``window`` tokens of the context as given to the kernel and
+    ``sinks`` always keeps the first ``sinks`` tokens; without a window every token is kept.
+    """
+    positions = np.arange(context_len)
+    if window is None:
+        return positions
+    keep = (positions >= context_len - window) | (positions < sinks)
+    return positions[keep]
+
+
+def gather_sequence(k_pages: np.ndarray, v_pages: np.ndarray, block_row: np.ndarray,
+                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of the given token positions of one sequence, shape (tokens, heads_kv, dim)."""
+    page_size = k_pages.shape[1]
+    pages = block_row[positions // page_size]
+    if np.any(pages < 0):
+        raise ValueError(f"block_table holds -1 for a token that must be read: positions "
+                         f"{positions[pages < 0][:8].tolist()}")
+    slots = positions % page_size
+    return k_pages[pages, slots], v_pages[pages, slots]
+
+
+def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
+                     block_table: np.ndarray, context_lens: np.ndarray, *,
+                     sm_scale: float, window: int | None = None, sinks: int = 0,
+                     precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
+
+    ``precision`` other than float64 recomputes the same formula with every intermediate
+    rounded to that type; the error-ratio tolerance rule uses it to learn how much error the
+    case's own precision costs. An empty context gives output 0 and LSE -inf.
+    """
+    batch, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[2]
+    group = num_qo_heads // num_kv_heads
+
+    def rounded(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64).astype(precision).astype(np.float64)
+
+    out = np.zeros((batch, num_qo_heads, head_dim), dtype=np.float64)
+    lse = np.full((batch, num_qo_heads), -np.inf, dtype=np.float64)
+    for b in range(batch):
+        positions = kept_tokens(int(context_lens[b]), window, sinks)
+        if positions.size == 0:
+            continue
+        keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions)
+        for h in range(num_qo_heads):
+            out[b, h], lse[b, h] = _attend(q[b, h], keys[:, h // group], values[:, h // group],
+                                           sm_scale, rounded)
+    return out, lse
+
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, sm_scale: float,
+            rounded) -> tuple[np.ndarray, float]:
+    """Softmax attention of one query head over its tokens; low precision may overflow,
+    which is its measured error, not a fault."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        qh, kh, vh = rounded(q), rounded(keys), rounded(values)
+        scores = rounded(rounded(kh @ qh) * sm_scale)
+        top = scores.max()
+        weights = rounded(np.exp(scores - top))
+        total = rounded(weights.sum())
+        return rounded(rounded(weights @ vh) / total), top + np.log(total)
