@@ -53,6 +53,11 @@ class NumpySplitK(Backend):
     def combine(self, partials: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
                 ) -> tuple[np.ndarray, np.ndarray]:
         """Merge the per-split states (m, l, acc) into the output and the natural-log LSE."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._combine(partials)
+
+    def _combine(self, partials: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
         m = np.stack([p[0] for p in partials])
         l_split = np.stack([p[1] for p in partials])
         acc = np.stack([p[2] for p in partials])
@@ -67,7 +72,7 @@ class NumpySplitK(Backend):
     def decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
                num_splits: int | None = None) -> None:
         splits = num_splits or self.default_splits(problem)
-        hq, hkv, d, ps = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim, \
+        hq, hkv, d, _ps = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim, \
             problem.page_size
         order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
         for b in range(problem.batch):
@@ -89,6 +94,11 @@ class NumpySplitK(Backend):
     def split_state(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
                     context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Online softmax over the pages of one split: returns (m, l, acc)."""
+        with np.errstate(over="ignore", invalid="ignore"):  # a kernel raises no FP traps
+            return self._online_softmax(problem, b, q, start, end, context_len)
+
+    def _online_softmax(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
+                        context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ps = problem.page_size
         m = np.full(q.shape[:2], -np.inf, dtype=F32)
         total = np.zeros(q.shape[:2], dtype=F32)

@@ -18,8 +18,15 @@ import numpy as np
 
 from backends.base import AttentionState, Backend
 from conformance.dtypes import numpy_dtype
-from conformance.problem import (POISONS, LogicalKV, Problem, fingerprint, logical_kv,
-                                 materialise, poisoned_outputs)
+from conformance.problem import (
+    POISONS,
+    LogicalKV,
+    Problem,
+    fingerprint,
+    logical_kv,
+    materialise,
+    poisoned_outputs,
+)
 from conformance.spec import Case, with_changes
 from conformance.tolerances import RATIO, Budget, lse_error, output_error, table_budget
 from references import decode_reference, merge_reference
@@ -186,7 +193,7 @@ def check_oracle(trial: Trial) -> list[Outcome]:
     ref_out, ref_lse = trial.reference
     outcomes = [trial.compare("oracle/output", run.state, ref_out, None)]
     if "lse" in trial.has:
-        out_budget, lse_budget = trial.budget
+        _out_budget, lse_budget = trial.budget
         error = lse_error(run.lse, ref_lse, trial.empty_lse)
         passed = error <= lse_budget.value
         message = "" if passed else _lse_message(run.lse, ref_lse, error, lse_budget,
@@ -204,7 +211,9 @@ def _lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget
     bad = np.isnan(got64) | (np.isneginf(want64) & ~np.isclose(got64, empty, rtol=1e-6)
                              & ~(np.isneginf(got64) & math.isinf(empty)))
     if not bad.any():
-        bad = np.abs(got64 - want64) == np.nanmax(np.abs(got64 - want64))
+        with np.errstate(invalid="ignore"):
+            diff = np.nan_to_num(np.abs(got64 - want64), nan=np.inf)
+        bad = diff == diff.max()
     b, h = (int(i) for i in np.argwhere(bad)[0])
     return (f"lse error {error:.3g} > budget {budget.value:.3g} at [batch {b}, head {h}]: got "
             f"{got64[b, h]:.8g}, want {want64[b, h]:.8g}")
@@ -278,10 +287,10 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
     cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
     states = []
     for j in range(len(cuts[0]) - 1):
-        rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts)]
-        segment = LogicalKV(q=logical.q, keys=tuple(k[r] for k, r in zip(logical.keys, rows)),
-                            values=tuple(v[r] for v, r in zip(logical.values, rows)),
-                            sm_scale=logical.sm_scale)
+        rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
+        keys = tuple(k[r] for k, r in zip(logical.keys, rows, strict=True))
+        values = tuple(v[r] for v, r in zip(logical.values, rows, strict=True))
+        segment = LogicalKV(q=logical.q, keys=keys, values=values, sm_scale=logical.sm_scale)
         run = trial.decode(segment.lay_out(problem.page_size, trial.case.seed + 10 + j))
         if run.exception:
             return f"segment {j} ({scheme} cuts): {run.exception}"
@@ -365,9 +374,9 @@ def _both_empty(trial: Trial, empty: AttentionState) -> Outcome:
     error = lse_error(merged.lse, np.full(merged.lse.shape, -np.inf), trial.empty_lse)
     if np.isnan(out).any() or np.any(out != 0) or not math.isfinite(error):
         return Outcome("merge/both-empty", "failed", math.inf, message=(
-            f"merge(empty, empty) gave output in [{np.nanmin(out):.3g}, {np.nanmax(out):.3g}] "
-            f"(NaN: {bool(np.isnan(out).any())}) and LSE {merged.lse.flat[0]!r}; want 0 and "
-            f"{trial.empty_lse!r}"))
+            f"merge(empty, empty) gave {int(np.isnan(out).sum())} NaN and "
+            f"{int(np.sum(np.nan_to_num(out) != 0))} non-zero output values, LSE "
+            f"{float(merged.lse.flat[0])!r}; want 0 and {trial.empty_lse!r}"))
     return Outcome("merge/both-empty", "passed", 0.0)
 
 

@@ -11,8 +11,13 @@ from backends.registry import UnknownBackendError, known_backends
 from conformance.checks import CHECK_FAMILIES
 from conformance.manifest import ManifestError
 from conformance.report import write_json, write_terminal
-from conformance.runner import (BackendRun, RunSettings, check_families, open_backend, run,
-                                select_cases)
+from conformance.runner import (
+    RunSettings,
+    check_families,
+    open_backend,
+    run,
+    select_cases,
+)
 from conformance.skeleton import class_name, write_skeleton
 from conformance.spec import SpecError
 

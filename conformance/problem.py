@@ -114,7 +114,7 @@ class LogicalKV:
                     owners.append((b, j))
         num_pages = len(owners) + max(2, len(owners) // 2) + 1
         physical = rng.permutation(np.arange(1, num_pages))[: len(owners)]
-        for (b, j), page in zip(owners, physical):
+        for (b, j), page in zip(owners, physical, strict=True):
             table[b, j] = page
         for b in range(1, len(lens)):
             if sharing and lens[b] >= sharing * page_size:

@@ -43,7 +43,8 @@ def matrix_lines(report: RunReport) -> list[str]:
         rows.append([backend.label, *(row_cells.get(f, "-") for f in families),
                      "FAIL" if bad else "ok"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
 
 
 def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) -> None:
@@ -92,7 +93,7 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         results.append(row)
     return {
         "schema": SCHEMA,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": argv if argv is not None else sys.argv,
         "profile": report.settings.profile,
         "spec": report.settings.spec_path or "built-in",

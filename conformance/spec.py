@@ -255,7 +255,7 @@ def _expand_family(entry: Mapping[str, Any], index: int, defaults: Mapping[str, 
         variant_where = f"{where} variant {number}"
         _check_keys(variant_where, variant, _FIELD_NAMES)
         for combo in itertools.product(*grid.values()):
-            values = {**defaults, **base, **dict(zip(grid, combo)), **variant}
+            values = {**defaults, **base, **dict(zip(grid, combo, strict=True)), **variant}
             dtypes = _dtypes(variant_where, values.pop("dtypes", list(DTYPES)))
             for dtype in dtypes:
                 case = _make_case(variant_where, name, values, dtype)

@@ -61,7 +61,8 @@ def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf)
     live = ~empty
     if not live.any():
         return 0.0
-    diff = np.abs(got[live] - want[live])
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got[live] - want[live])
     if not np.all(np.isfinite(diff)):
         return math.inf
     return float((diff / np.maximum(1.0, np.abs(want[live]))).max())

@@ -1,0 +1,134 @@
+"""The pytest face of the suite: ``pytest --backend NAME --profile ci``.
+
+Each (backend, case, check family) is one test whose id is ``backend/case-id/family``.
+Unsupported cases are skipped with the capability as reason, manifest-listed failures are
+xfailed with the manifest's reason, everything else passes or fails with the measured error
+and a reproducer. With ``--backend`` given, only conformance tests are collected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.registry import UnknownBackendError
+from conformance.checks import CHECK_FAMILIES, Trial
+from conformance.runner import BackendRun, RunSettings, evaluate, open_backend, select_cases
+from conformance.spec import Case, SpecError
+
+DEFAULT_BACKEND = "numpy"
+DEFAULT_PROFILE = "smoke"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "paged decode attention conformance")
+    group.addoption("--backend", action="append", default=[], metavar="NAME",
+                    help="backend to check (registered name or module:Class; repeatable). "
+                         "Giving it runs only the conformance tests. "
+                         f"Default: {DEFAULT_BACKEND}.")
+    group.addoption("--profile", default=DEFAULT_PROFILE,
+                    help=f"spec profile (default: {DEFAULT_PROFILE})")
+    group.addoption("--spec", default=None, help="a spec TOML other than the built-in one")
+    group.addoption("--check-family", action="append", default=[], metavar="FAMILY",
+                    help=f"check families to run (default all: {', '.join(CHECK_FAMILIES)})")
+    group.addoption("--expectations", default=None, type=Path,
+                    help="directory of expectation manifests (default: expectations/)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
+
+
+class ConformanceSession:
+    """The backends, settings and the current case's trial, shared by the tests of a run."""
+
+    def __init__(self, config: pytest.Config):
+        families = tuple(config.getoption("check_family")) or tuple(CHECK_FAMILIES)
+        self.settings = RunSettings(profile=config.getoption("profile"),
+                                    spec_path=config.getoption("spec"), families=families,
+                                    manifest_dir=config.getoption("expectations"))
+        self.backend_names = config.getoption("backend") or [DEFAULT_BACKEND]
+        self._backends: dict[str, BackendRun] = {}
+        self._trial: tuple[tuple[str, str], Trial] | None = None
+
+    def backend(self, name: str) -> BackendRun:
+        if name not in self._backends:
+            self._backends[name] = open_backend(name, self.settings.manifest_dir)
+        return self._backends[name]
+
+    def trial(self, backend: BackendRun, case: Case) -> Trial | None:
+        """One trial per (backend, case): the families of a case share its decode runs."""
+        if backend.instance is None:
+            return None
+        key = (backend.label, case.id)
+        if self._trial is None or self._trial[0] != key:
+            self._trial = (key, Trial(backend.instance, case))
+        return self._trial[1]
+
+
+def _session(config: pytest.Config) -> ConformanceSession:
+    if not hasattr(config, "_conformance"):
+        config._conformance = ConformanceSession(config)
+    return config._conformance
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "conformance_item" not in metafunc.fixturenames:
+        return
+    session = _session(metafunc.config)
+    settings = session.settings
+    try:
+        unknown = [f for f in settings.families if f not in CHECK_FAMILIES]
+        if unknown:
+            raise SpecError(f"unknown check family {unknown[0]!r}; known: "
+                            f"{', '.join(CHECK_FAMILIES)}")
+        cases = select_cases(settings.spec(), settings.profile)
+        labels = [session.backend(name).label for name in session.backend_names]
+    except (SpecError, UnknownBackendError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    params, ids = [], []
+    for name, label in zip(session.backend_names, labels, strict=True):
+        for case in cases:
+            for family in settings.families:
+                params.append((name, case, family))
+                ids.append(f"{label}/{case.id}/{family}")
+    metafunc.parametrize("conformance_item", params, ids=ids)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("backend"):
+        return
+    selected = [item for item in items if item.get_closest_marker("conformance")]
+    deselected = [item for item in items if not item.get_closest_marker("conformance")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+@pytest.fixture
+def conformance_session(request: pytest.FixtureRequest) -> ConformanceSession:
+    return _session(request.config)
+
+
+def check_item(session: ConformanceSession, name: str, case: Case, family: str) -> None:
+    """Run one family and turn its results into a pytest outcome."""
+    backend = session.backend(name)
+    results = evaluate(backend, case, family, session.settings, session.trial(backend, case))
+    failing = [r for r in results if r.status in ("failed", "error", "unexpected-pass")]
+    if failing:
+        lines = []
+        for r in failing:
+            measured = f" [error {r.error:.3g}, budget {r.budget:.3g}]" if (
+                r.error is not None and r.budget is not None) else ""
+            lines.append(f"{r.status.upper()} {r.check}{measured}: {r.message}")
+        pytest.fail("\n".join(lines) + f"\nrerun: {failing[0].reproducer}", pytrace=False)
+    statuses = {r.status for r in results}
+    if statuses == {"unsupported"}:
+        pytest.skip(f"unsupported: {results[0].message}")
+    known = [r for r in results if r.status == "known-failure"]
+    if known and "passed" not in statuses:
+        pytest.xfail(f"known failure: {known[0].message}")
+    if known:
+        pytest.xfail(f"{len(known)} known failure(s) among {len(results)} checks: "
+                     f"{known[0].check}: {known[0].message}")

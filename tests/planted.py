@@ -1,0 +1,210 @@
+"""Planted-bug backends: the NumPy backend with one realistic kernel bug each.
+
+Every check of the suite is proven by at least one of these: the check meant for the bug
+must fail on it, while the correct NumPy backend passes the same run. ``PLANTED`` pairs each
+bug with the check (a ``family/sub-check`` prefix) that must catch it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from backends.base import AttentionState
+from backends.numpy_splitk import F32, NumpySplitK
+
+
+class EmptyRowsUnwritten(NumpySplitK):
+    """Returns early on an empty context, leaving its output rows unwritten (seed 000's bug)."""
+
+    name = "bug-empty-rows-unwritten"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        empty = problem.context_lens == 0
+        kept_out, kept_lse = out[empty].copy(), lse[empty].copy()
+        super().decode(problem, out, lse, num_splits=num_splits)
+        out[empty], lse[empty] = kept_out, kept_lse
+
+
+class ReadsPastPartialPage(NumpySplitK):
+    """Masks with ``<=`` instead of ``<``: one token past the end of each split is read."""
+
+    name = "bug-reads-past-partial-page"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        return super().valid_tokens(tokens, start, end + 1, problem, context_len + 1)
+
+
+class ModuloHeadMapping(NumpySplitK):
+    """Maps query head ``h`` to KV head ``h % num_kv_heads`` instead of ``h // group``."""
+
+    name = "bug-modulo-head-mapping"
+
+    def kv_head_map(self, num_qo_heads, num_kv_heads):
+        return np.arange(num_qo_heads) % num_kv_heads
+
+
+class Base2Lse(NumpySplitK):
+    """Writes a base-2 LSE while declaring natural log."""
+
+    name = "bug-base2-lse"
+
+    def combine(self, partials):
+        out, lse = super().combine(partials)
+        return out, (lse / F32(math.log(2))).astype(F32)
+
+
+class MergeWithoutRescale(NumpySplitK):
+    """Adds the two outputs without weighting them by exp(lse_x - lse)."""
+
+    name = "bug-merge-without-rescale"
+
+    def merge(self, a, b):
+        merged = super().merge(a, b)
+        out = a.out.astype(F32) + b.out.astype(F32)
+        return AttentionState(out=out.astype(a.out.dtype), lse=merged.lse)
+
+
+class WindowOffByOne(NumpySplitK):
+    """Keeps ``window - 1`` tokens: ``>`` where ``>=`` belongs."""
+
+    name = "bug-window-off-by-one"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        valid = super().valid_tokens(tokens, start, end, problem, context_len)
+        if problem.window is not None:
+            valid &= (tokens > context_len - problem.window) | (tokens < problem.sinks)
+        return valid
+
+
+class SinksIgnored(NumpySplitK):
+    """Applies the sliding window but drops the attention sinks."""
+
+    name = "bug-sinks-ignored"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        valid = (tokens >= start) & (tokens < end)
+        if problem.window is not None:
+            valid &= tokens >= context_len - problem.window
+        return valid
+
+
+class MutatesInput(NumpySplitK):
+    """Pre-scales q by sm_scale in place, changing the caller's array."""
+
+    name = "bug-mutates-input"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        problem.q[...] = (problem.q.astype(F32) * F32(problem.sm_scale)).astype(problem.q.dtype)
+
+
+class MinusOneAsPageZero(NumpySplitK):
+    """Reads a ``-1`` block-table entry as physical page 0 and trusts what it finds there."""
+
+    name = "bug-minus-one-as-page-zero"
+
+    def load_page(self, problem, block, valid):
+        if block >= 0:
+            return super().load_page(problem, block, valid)
+        return problem.k_pages[0].astype(F32), problem.v_pages[0].astype(F32)
+
+
+class SplitsAveraged(NumpySplitK):
+    """Combines split results with a plain average instead of an LSE-weighted merge."""
+
+    name = "bug-splits-averaged"
+
+    def combine(self, partials):
+        live = [(m, total, acc) for m, total, acc in partials if np.isfinite(m).all()]
+        if len(live) < 2:
+            return super().combine(partials)
+        out = np.mean([acc / total[..., None] for _, total, acc in live], axis=0)
+        lse = np.mean([m + np.log(total) for m, total, _ in live], axis=0)
+        return out.astype(F32), lse.astype(F32)
+
+
+class Nondeterministic(NumpySplitK):
+    """Perturbs the LSE by one ulp at random, like an unordered atomic reduction."""
+
+    name = "bug-nondeterministic"
+
+    def __init__(self):
+        self.rng = np.random.default_rng()
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        direction = np.where(self.rng.random(lse.shape) < 0.5, -np.inf, np.inf).astype(F32)
+        lse[...] = np.where(np.isfinite(lse), np.nextafter(lse, direction), lse)
+
+
+class StalePageCache(NumpySplitK):
+    """Caches upcast pages by physical page id across calls: stale once the pool changes."""
+
+    name = "bug-stale-page-cache"
+
+    def __init__(self):
+        self.cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def load_page(self, problem, block, valid):
+        if block < 0:
+            return None
+        key = (problem.k_pages.shape, problem.k_pages.dtype.str, block)
+        if key not in self.cache:
+            self.cache[key] = (problem.k_pages[block].astype(F32),
+                               problem.v_pages[block].astype(F32))
+        keys, values = self.cache[key]
+        mask = valid[:, None, None]
+        return np.where(mask, keys, F32(0)), np.where(mask, values, F32(0))
+
+
+class BothEmptyMergeNaN(NumpySplitK):
+    """Merges without guarding -inf - -inf: two empty states give NaN."""
+
+    name = "bug-both-empty-merge-nan"
+
+    def merge(self, a, b):
+        top = np.maximum(a.lse, b.lse)
+        with np.errstate(invalid="ignore"):
+            w_a, w_b = np.exp(a.lse - top), np.exp(b.lse - top)
+            out = (w_a[..., None] * a.out.astype(F32) + w_b[..., None] * b.out.astype(F32)) \
+                / (w_a + w_b)[..., None]
+            lse = top + np.log(w_a + w_b)
+        return AttentionState(out=out.astype(a.out.dtype), lse=lse.astype(F32))
+
+
+class NaiveExpMerge(NumpySplitK):
+    """Merges with exp(lse) directly, without subtracting the max: overflows past LSE ~88."""
+
+    name = "bug-naive-exp-merge"
+
+    def merge(self, a, b):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            e_a, e_b = np.exp(a.lse.astype(F32)), np.exp(b.lse.astype(F32))
+            out = (e_a[..., None] * a.out.astype(F32) + e_b[..., None] * b.out.astype(F32)) \
+                / (e_a + e_b)[..., None]
+            out = np.where(((e_a + e_b) == 0)[..., None], F32(0), out)
+            lse = np.log(e_a + e_b)
+        return AttentionState(out=out.astype(a.out.dtype), lse=lse.astype(F32))
+
+
+# (bug, the check that must catch it). A check is "family/sub-check" or a prefix of one.
+PLANTED: list[tuple[type[NumpySplitK], str]] = [
+    (EmptyRowsUnwritten, "poison"),
+    (ReadsPastPartialPage, "oracle/output"),
+    (ModuloHeadMapping, "oracle/output"),
+    (ModuloHeadMapping, "invariance/gqa-as-mha"),
+    (Base2Lse, "oracle/lse"),
+    (MergeWithoutRescale, "merge/segments"),
+    (WindowOffByOne, "oracle/output"),
+    (SinksIgnored, "oracle/output"),
+    (MutatesInput, "purity"),
+    (MinusOneAsPageZero, "oracle/output"),
+    (SplitsAveraged, "oracle/output"),
+    (SplitsAveraged, "invariance/split-count"),
+    (Nondeterministic, "determinism"),
+    (StalePageCache, "invariance/reshuffle"),
+    (BothEmptyMergeNaN, "merge/both-empty"),
+    (NaiveExpMerge, "merge/lse-gap"),
+]
