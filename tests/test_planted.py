@@ -1,0 +1,36 @@
+"""The suite catches every planted bug with the check meant for it, and passes the NumPy backend."""
+
+import pytest
+
+from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.spec import default_spec
+from tests.planted import PLANTED
+
+CI_CASES = select_cases(default_spec(), "ci")
+
+
+def test_numpy_backend_passes_every_check_of_the_ci_profile():
+    report = run([open_backend("numpy")], CI_CASES, RunSettings(profile="ci"))
+    assert report.failures == []
+    statuses = {r.status for r in report.results}
+    assert statuses == {"passed"}, statuses
+    checks = {r.check for r in report.results}
+    for expected in ("oracle/output", "oracle/lse", "poison", "purity", "determinism",
+                     "merge/segments-page", "merge/segments-inside-page",
+                     "merge/segments-empty-segments", "merge/identity", "merge/commutative",
+                     "merge/associative", "merge/both-empty", "merge/lse-gap",
+                     "invariance/reshuffle", "invariance/wide-table", "invariance/batch-order",
+                     "invariance/neighbours", "invariance/gqa-as-mha",
+                     "invariance/split-count-3", "invariance/page-size"):
+        assert expected in checks
+
+
+@pytest.mark.parametrize("bug,check", PLANTED, ids=[f"{b.__name__}-{c}" for b, c in PLANTED])
+def test_planted_bug_is_caught_by_its_check(bug, check):
+    family = check.split("/", 1)[0]
+    backend = open_backend(f"tests.planted:{bug.__name__}")
+    report = run([backend], CI_CASES, RunSettings(profile="ci", families=(family,)))
+    caught = [r for r in report.failures if r.check.startswith(check)]
+    assert caught, f"{bug.__name__} slipped past {check}"
+    assert all(r.status == "failed" for r in caught), {r.status for r in caught}
+    assert all(r.message and r.reproducer for r in caught)

@@ -1,0 +1,111 @@
+"""Materialisation is adversarial: NaN where nothing may be read, shuffled and shared pages."""
+
+import math
+
+import numpy as np
+import pytest
+
+from conformance.problem import POISONS, fingerprint, logical_kv, materialise, poisoned_outputs
+from conformance.spec import Case, default_spec
+from references import kept_tokens
+
+
+def make_case(**fields):
+    base = dict(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=8, page_size=4,
+                dtype="float32", context_lens=(10, 0, 7))
+    return Case(**{**base, **fields})
+
+
+def slot_roles(problem):
+    """Per physical slot: True if some sequence reads it."""
+    read = np.zeros(problem.k_pages.shape[:2], dtype=bool)
+    for b in range(problem.batch):
+        kept = problem.kept(b)
+        read[problem.block_table[b, kept // problem.page_size], kept % problem.page_size] = True
+    return read
+
+
+@pytest.mark.parametrize("case", default_spec().cases("ci")[::7], ids=lambda c: c.id)
+def test_every_slot_not_read_is_nan_and_every_read_slot_is_finite(case):
+    problem = materialise(case)
+    read = slot_roles(problem)
+    values = problem.k_pages.astype(np.float32)
+    assert np.isnan(values[~read]).all()
+    assert np.isfinite(values[read]).all()
+    assert np.isnan(problem.v_pages.astype(np.float32)[~read]).all()
+
+
+def test_pool_is_larger_than_needed_and_page_zero_is_never_used():
+    problem = materialise(make_case())
+    used = problem.block_table[problem.block_table >= 0]
+    assert problem.k_pages.shape[0] > len(set(used.tolist())) + 1
+    assert 0 not in used
+
+
+def test_block_table_is_wider_than_needed_and_padded_with_minus_one():
+    problem = materialise(make_case(table_padding=5))
+    needed = max(math.ceil(n / 4) for n in (10, 0, 7))
+    assert problem.block_table.shape[1] == needed + 5
+    assert (problem.block_table[:, needed:] == -1).all()
+    assert (problem.block_table[1] == -1).all()  # the empty row holds no page
+
+
+def test_pages_the_window_evicts_are_minus_one_inside_the_context():
+    problem = materialise(make_case(context_lens=(30,), window=5, sinks=1))
+    row = problem.block_table[0]
+    kept_pages = set((kept_tokens(30, 5, 1) // 4).tolist())
+    for page in range(math.ceil(30 / 4)):
+        assert (row[page] >= 0) == (page in kept_pages)
+
+
+def test_shared_pages_are_one_physical_page():
+    problem = materialise(make_case(context_lens=(12, 9, 3), shared_pages=2))
+    assert problem.block_table[1, :2].tolist() == problem.block_table[0, :2].tolist()
+    assert problem.block_table[2, 0] != problem.block_table[0, 0]  # too short to share
+
+
+def test_layout_seed_moves_pages_but_not_values():
+    case = make_case()
+    a, b = materialise(case, layout_seed=1), materialise(case, layout_seed=2)
+    assert a.block_table.tolist() != b.block_table.tolist()
+    for row in range(case.batch):
+        for t in range(case.context_lens[row]):
+            ka = a.k_pages[a.block_table[row, t // 4], t % 4]
+            kb = b.k_pages[b.block_table[row, t // 4], t % 4]
+            np.testing.assert_array_equal(ka, kb)
+
+
+def test_values_follow_the_dtype_and_seed():
+    case = make_case(dtype="bfloat16")
+    assert materialise(case).q.dtype.name == "bfloat16"
+    np.testing.assert_array_equal(logical_kv(case).q.astype(np.float32),
+                                  logical_kv(case).q.astype(np.float32))
+
+
+@pytest.mark.parametrize("distribution,expect", [
+    ("uniform", lambda lkv: np.all(lkv.q.astype(np.float32) == 0)),
+    ("constant-v", lambda lkv: all(np.all(v == v[:1]) for v in lkv.values if len(v))),
+])
+def test_distributions_have_their_defining_property(distribution, expect):
+    assert expect(logical_kv(make_case(distribution=distribution)))
+
+
+def test_very_negative_and_large_scores_have_the_stated_magnitude():
+    for distribution, low, high in (("very-negative", -2e5, -3e4), ("large", -1e5, 1e5)):
+        case = make_case(distribution=distribution, head_dim=64)
+        lkv = logical_kv(case)
+        scores = np.einsum("hd,thd->th", lkv.q[0, ::2].astype(np.float64),
+                           lkv.keys[0].astype(np.float64)) * case.scale
+        assert low < scores.min() and scores.max() < high
+        if distribution == "large":
+            assert np.abs(scores).max() > 3e3
+
+
+def test_poisoned_outputs_and_fingerprints():
+    problem = materialise(make_case())
+    out, lse = poisoned_outputs(problem, POISONS[1])
+    assert out.dtype == problem.dtype and (out == POISONS[1]).all() and (lse == POISONS[1]).all()
+    before = fingerprint(problem.arrays())
+    problem.q[0, 0, 0] += 1
+    after = fingerprint(problem.arrays())
+    assert [k for k in before if before[k] != after[k]] == ["q"]
