@@ -91,15 +91,26 @@ def load_manifest(backend: str, directory: Path | None = None) -> Manifest:
     return Manifest(backend, entries, path)
 
 
-def apply(manifest: Manifest, case_id: str, check: str, status: str) -> tuple[str, str]:
-    """The status after the manifest, and the reason of the entry that changed it."""
-    entry = manifest.lookup(case_id, check)
-    if entry is None:
-        return status, ""
-    if status in ("failed", "error"):
-        return "known-failure", entry.reason
-    if status == "passed":
-        where = f"{manifest.path}:{entry.line}" if manifest.path else "the manifest"
-        return "unexpected-pass", f"listed as known ({entry.reason}) but passed: remove the " \
-                                  f"entry at {where}"
-    return status, ""
+def apply(manifest: Manifest, case_id: str,
+          checks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Statuses after the manifest for one case's ``(check, status)`` pairs, with notes.
+
+    An entry turns the failures it matches into ``known-failure``. If everything it matches
+    in this group passed, those passes are ``unexpected-pass``: the entry is out of date.
+    """
+    entries = [manifest.lookup(case_id, check) for check, _ in checks]
+    failing_entries = {id(entry) for entry, (_, status) in zip(entries, checks, strict=True)
+                       if entry is not None and status in ("failed", "error")}
+    results = []
+    for entry, (_, status) in zip(entries, checks, strict=True):
+        if entry is None:
+            results.append((status, ""))
+        elif status in ("failed", "error"):
+            results.append(("known-failure", entry.reason))
+        elif status == "passed" and id(entry) not in failing_entries:
+            where = f"{manifest.path}:{entry.line}" if manifest.path else "the manifest"
+            results.append(("unexpected-pass", f"listed as known ({entry.reason}) but passed: "
+                                               f"remove or narrow the entry at {where}"))
+        else:
+            results.append((status, ""))
+    return results

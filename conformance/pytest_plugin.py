@@ -14,7 +14,15 @@ import pytest
 
 from backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES, Trial
-from conformance.runner import BackendRun, RunSettings, evaluate, open_backend, select_cases
+from conformance.manifest import ManifestError
+from conformance.runner import (
+    BackendRun,
+    RunSettings,
+    check_families,
+    evaluate,
+    open_backend,
+    select_cases,
+)
 from conformance.spec import Case, SpecError
 
 DEFAULT_BACKEND = "numpy"
@@ -38,6 +46,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
+    session = _session(config)
+    try:
+        check_families(session.settings.families)
+        select_cases(session.settings.spec(), session.settings.profile)
+        for name in session.backend_names:
+            session.backend(name)
+    except (SpecError, UnknownBackendError, ManifestError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 class ConformanceSession:
@@ -78,15 +94,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     session = _session(metafunc.config)
     settings = session.settings
-    try:
-        unknown = [f for f in settings.families if f not in CHECK_FAMILIES]
-        if unknown:
-            raise SpecError(f"unknown check family {unknown[0]!r}; known: "
-                            f"{', '.join(CHECK_FAMILIES)}")
-        cases = select_cases(settings.spec(), settings.profile)
-        labels = [session.backend(name).label for name in session.backend_names]
-    except (SpecError, UnknownBackendError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    cases = select_cases(settings.spec(), settings.profile)
+    labels = [session.backend(name).label for name in session.backend_names]
     params, ids = [], []
     for name, label in zip(session.backend_names, labels, strict=True):
         for case in cases:

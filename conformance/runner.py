@@ -147,11 +147,11 @@ def family_outcomes(backend: BackendRun, case: Case, family: str,
 def evaluate(backend: BackendRun, case: Case, family: str, settings: RunSettings,
              trial: Trial | None = None) -> list[Result]:
     """The results of one check family for one case on one backend, manifest applied."""
-    reproducer = settings.reproducer(backend.label, case.id, family)
+    reproducer = settings.reproducer(backend.target, case.id, family)
     outcomes = family_outcomes(backend, case, family, trial)
     results = []
-    for outcome in outcomes:
-        status, note = apply(backend.manifest, case.id, outcome.check, outcome.status)
+    statuses = apply(backend.manifest, case.id, [(o.check, o.status) for o in outcomes])
+    for outcome, (status, note) in zip(outcomes, statuses, strict=True):
         message = "; ".join(part for part in (outcome.message, note) if part)
         budget = outcome.budget
         results.append(Result(

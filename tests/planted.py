@@ -208,3 +208,24 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (BothEmptyMergeNaN, "merge/both-empty"),
     (NaiveExpMerge, "merge/lse-gap"),
 ]
+
+
+class RaisesOnWindows(NumpySplitK):
+    """A backend fault, not a numeric bug: raises on every windowed case."""
+
+    name = "fault-raises-on-windows"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if problem.window is not None:
+            raise RuntimeError("kernel launch failed: window not compiled in")
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class Unavailable(NumpySplitK):
+    """A backend whose availability probe says no."""
+
+    name = "fault-unavailable"
+
+    @classmethod
+    def availability(cls):
+        return "needs a GPU: none found"

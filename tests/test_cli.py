@@ -1,0 +1,113 @@
+"""``python -m conformance`` as a user runs it: commands, exit codes, reports, faults."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_backends_lists_numpy_with_capabilities(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy: available" in out
+    assert "features: ['lse', 'merge', 'sinks', 'sliding_window', 'split_k']" in out
+
+
+def test_list_prints_the_profile_ids(capsys):
+    assert main(["list", "--profile", "smoke", "-k", "empty-context"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert ids and all(i.startswith("empty-context/") for i in ids)
+
+
+def test_run_numpy_passes_and_writes_the_json_report(tmp_path):
+    report_path = tmp_path / "report.json"
+    result = cli("run", "--backend", "numpy", "--profile", "smoke", "--report-json",
+                 str(report_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no unexpected failures" in result.stdout
+    assert "numpy" in result.stdout and "oracle" in result.stdout
+    report = json.loads(report_path.read_text())
+    assert report["schema"] == "paged-decode-conformance/report/1" and report["ok"]
+    assert report["backends"][0]["name"] == "numpy"
+    row = next(r for r in report["results"] if r["check"] == "oracle/output")
+    for key in ("backend", "case", "check", "family", "status", "error", "budget",
+                "budget_table", "budget_ratio", "message", "reproducer"):
+        assert key in row
+    assert row["status"] == "passed" and 0 <= row["error"] <= row["budget"]
+
+
+def test_a_failure_prints_its_error_and_a_reproducer_that_reruns_it():
+    result = cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
+    assert result.returncode == 1
+    assert "FAILED bug-window-off-by-one oracle/output [error" in result.stdout
+    rerun = next(line.split("rerun: ", 1)[1] for line in result.stdout.splitlines()
+                 if "rerun: " in line)
+    words = shlex.split(rerun)
+    assert words[:3] == ["python", "-m", "conformance"]
+    again = cli(*words[3:])
+    assert again.returncode == 1
+    assert "1 cases" in again.stdout
+
+
+def test_unknown_backend_and_profile_list_the_valid_ones():
+    result = cli("run", "--backend", "nope")
+    assert result.returncode == 2 and "unknown backend 'nope'" in result.stderr
+    assert "numpy" in result.stderr
+    result = cli("run", "--backend", "numpy", "--profile", "nightly")
+    assert result.returncode == 2 and "known: smoke, ci, full" in result.stderr
+    result = cli("run", "--backend", "numpy", "--check", "speed")
+    assert result.returncode == 2 and "oracle" in result.stderr
+
+
+def test_unavailable_backend_is_refused_with_its_reason():
+    result = cli("run", "--backend", "tests.planted:Unavailable", "--profile", "smoke")
+    assert result.returncode == 2 and "needs a GPU: none found" in result.stderr
+
+
+def test_a_backend_that_raises_is_an_error_for_that_case_and_the_run_goes_on(tmp_path):
+    report_path = tmp_path / "r.json"
+    result = cli("run", "--backend", "tests.planted:RaisesOnWindows", "--profile", "smoke",
+                 "--report-json", str(report_path))
+    assert result.returncode == 1
+    results = json.loads(report_path.read_text())["results"]
+    errors = [r for r in results if r["status"] == "error"]
+    assert errors and all("window" in r["case"] for r in errors)
+    assert all("RuntimeError: kernel launch failed" in r["message"] for r in errors)
+    assert any(r["status"] == "passed" and "window" not in r["case"] for r in results)
+
+
+def test_new_backend_skeleton_runs_and_claims_nothing(tmp_path):
+    result = cli("new-backend", "my-kernel", "--out", str(tmp_path / "my_kernel.py"))
+    assert result.returncode == 0, result.stderr
+    report_path = tmp_path / "r.json"
+    run = cli("run", "--backend", f"{tmp_path / 'my_kernel.py'}:MyKernelBackend", "--profile",
+              "smoke", "--report-json", str(report_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    statuses = {r["status"] for r in json.loads(report_path.read_text())["results"]}
+    assert statuses == {"unsupported"}
+    again = cli("new-backend", "my-kernel", "--out", str(tmp_path / "my_kernel.py"))
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+@pytest.mark.parametrize("name", ["9lives", "has space", ""])
+def test_new_backend_rejects_bad_names(tmp_path, name):
+    result = cli("new-backend", name, "--out", str(tmp_path / "x.py"))
+    assert result.returncode == 2 and "backend name" in result.stderr
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_no_case_matching_is_an_error_not_a_pass():
+    result = cli("run", "--backend", "numpy", "-k", "no-such-case")
+    assert result.returncode == 2 and "no case matches" in result.stderr

@@ -1,0 +1,66 @@
+"""Expectation manifests: known failures, strict unexpected passes, stale and malformed entries."""
+
+import pytest
+
+from conformance.manifest import ManifestError, load_manifest
+from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.spec import default_spec
+
+WINDOW_CASES = select_cases(default_spec(), "smoke", ["sliding-window", "window20"])
+
+
+def write(tmp_path, name, text):
+    (tmp_path / f"{name}.toml").write_text(text)
+    return tmp_path
+
+
+def run_with(tmp_path, backend):
+    settings = RunSettings(profile="smoke", families=("oracle",), manifest_dir=tmp_path)
+    return run([open_backend(backend, tmp_path)], WINDOW_CASES, settings)
+
+
+def test_listed_failures_are_known_and_do_not_fail_the_run(tmp_path):
+    write(tmp_path, "bug-window-off-by-one", '[[expect]]\ncase = "sliding-window/*"\n'
+          'check = "oracle"\nreason = "off by one, tracked upstream"\n')
+    report = run_with(tmp_path, "tests.planted:WindowOffByOne")
+    known = [r for r in report.results if r.status == "known-failure"]
+    assert known and report.ok
+    assert all("tracked upstream" in r.message for r in known)
+
+
+def test_a_listed_case_that_passes_is_an_unexpected_pass_that_fails_the_run(tmp_path):
+    write(tmp_path, "numpy", '[[expect]]\ncase = "sliding-window/*window20-*"\n'
+          'check = "oracle/output"\nreason = "was broken once"\n')
+    report = run_with(tmp_path, "numpy")
+    unexpected = [r for r in report.results if r.status == "unexpected-pass"]
+    assert unexpected and not report.ok
+    message = unexpected[0].message
+    assert "remove or narrow the entry" in message and "numpy.toml:1" in message
+
+
+def test_an_entry_matching_nothing_is_stale(tmp_path):
+    write(tmp_path, "numpy", '[[expect]]\ncase = "no-such-family/*"\ncheck = "oracle"\n'
+          'reason = "old"\n')
+    report = run_with(tmp_path, "numpy")
+    stale = report.backends[0].manifest.stale()
+    assert [e.case for e in stale] == ["no-such-family/*"]
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('[[expect]]\ncase = "x"\ncheck = "oracle"\n', "'reason'"),
+    ('[[expect]]\ncase = "x"\ncheck = "oracle"\nreason = "r"\ncolour = 1\n', "'colour'"),
+    ('\n\n[[expect]]\ncase = 3\ncheck = "oracle"\nreason = "r"\n', ":3 (entry 1)"),
+    ('[expect\n', "not valid TOML"),
+    ('name = "x"\n', "unknown top-level"),
+])
+def test_a_malformed_manifest_fails_at_load_naming_the_place(tmp_path, text, fragment):
+    write(tmp_path, "numpy", text)
+    with pytest.raises(ManifestError) as error:
+        load_manifest("numpy", tmp_path)
+    assert fragment in str(error.value) and "numpy.toml" in str(error.value)
+
+
+def test_the_shipped_manifests_load():
+    from conformance.manifest import EXPECTATIONS_DIR
+    for path in EXPECTATIONS_DIR.glob("*.toml"):
+        load_manifest(path.stem)

@@ -1,0 +1,67 @@
+"""``pytest --backend NAME --profile P`` as a user runs it, serially and under xdist."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_run(*args):
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    counts = dict((kind, int(n)) for n, kind in re.findall(
+        r"(\d+) (passed|failed|skipped|xfailed|deselected|error)", result.stdout))
+    return result, counts
+
+
+def test_backend_option_runs_only_conformance_tests_with_case_ids():
+    result, counts = pytest_run("--backend", "numpy", "--profile", "smoke", "-rA")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert counts["passed"] == 16 * 6 and counts.get("deselected", 0) > 0
+    assert "numpy/empty-context/q8kv2-d64-ps16-f32/ctx[0,21,40]-normal/poison" in result.stdout
+
+
+def test_planted_bug_fails_with_error_budget_and_rerun():
+    result, counts = pytest_run("--backend", "tests.planted:Base2Lse", "--profile", "smoke",
+                                "--check-family", "oracle")
+    assert result.returncode == 1
+    assert counts["failed"] >= 1
+    assert "FAILED oracle/lse [error" in result.stdout and "rerun: python -m conformance" in \
+        result.stdout
+
+
+def test_unsupported_cases_are_skipped_with_the_capability_as_reason(tmp_path):
+    skeleton = tmp_path / "sk.py"
+    subprocess.run([sys.executable, "-m", "conformance", "new-backend", "sk", "--out",
+                    str(skeleton)], cwd=ROOT, check=True, capture_output=True)
+    result, counts = pytest_run("--backend", f"{skeleton}:SkBackend", "--profile", "smoke",
+                                "-rs")
+    assert result.returncode == 0
+    assert counts["skipped"] == 16 * 6 and "passed" not in counts
+    assert "unsupported: skeleton: declare capabilities" in result.stdout
+
+
+def test_known_failures_are_xfailed(tmp_path):
+    (tmp_path / "bug-sinks-ignored.toml").write_text(
+        '[[expect]]\ncase = "sinks/*+sink*"\ncheck = "oracle/*"\nreason = "sinks not wired"\n')
+    result, counts = pytest_run("--backend", "tests.planted:SinksIgnored", "--profile", "smoke",
+                                "--check-family", "oracle", f"--expectations={tmp_path}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert counts["xfailed"] == 2 and "failed" not in counts
+
+
+def test_xdist_gives_the_same_outcomes_as_a_serial_run():
+    args = ("--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
+    _, serial_counts = pytest_run(*args)
+    _, parallel_counts = pytest_run(*args, "-n", "2")
+    serial_counts.pop("deselected", None)  # xdist's controller does not count deselections
+    assert serial_counts == parallel_counts and serial_counts["failed"] > 0
+
+
+def test_bad_options_are_usage_errors():
+    result, _ = pytest_run("--backend", "nope")
+    assert result.returncode == 4 and "unknown backend 'nope'" in result.stderr
+    result, _ = pytest_run("--backend", "numpy", "--profile", "weekly")
+    assert result.returncode == 4 and "known: smoke, ci, full" in result.stderr
