@@ -18,6 +18,9 @@ ENTRY_POINT_GROUP = "paged_decode_conformance.backends"
 
 BUILTINS: dict[str, str] = {
     "numpy": "backends.numpy_splitk:NumpySplitK",
+    "triton-paged": "backends.triton.backends:TritonPaged",
+    "triton-splitkv": "backends.triton.backends:TritonSplitKV",
+    "triton-contiguous": "backends.triton.backends:TritonContiguous",
 }
 
 

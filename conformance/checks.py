@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
@@ -61,9 +62,19 @@ class Run:
         return AttentionState(out=self.out, lse=self.lse)
 
 
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
 def describe_exception(exc: BaseException) -> str:
+    """The exception, where it was raised, and the last project frame on the way there."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    where = ""
+    if frames:
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno}"
+        ours = [f for f in frames if f.filename.startswith(PROJECT_ROOT)]
+        if ours and ours[-1] is not frames[-1]:
+            where += f", from {ours[-1].filename}:{ours[-1].lineno}"
+        where += ")"
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -1,0 +1,38 @@
+"""Device helpers shared by the split kernels: which tokens a split attends to."""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def kept_span(n, window, sinks, HAS_WINDOW: tl.constexpr):
+    """(tokens attended, sinks kept before the window, first window position) of a context.
+
+    Kept tokens are numbered 0..kept-1: first the sinks, then the window, so a split can
+    walk only what it attends to."""
+    kept = n
+    sinks_kept = n * 0
+    window_start = n * 0
+    if HAS_WINDOW:
+        window_kept = tl.minimum(window, n)
+        sinks_kept = tl.minimum(sinks, n - window_kept)
+        kept = window_kept + sinks_kept
+        window_start = n - window_kept
+    return kept, sinks_kept, window_start
+
+
+@triton.jit
+def split_bounds(kept, split, num_splits, BLOCK_N: tl.constexpr):
+    """[start, end) of a split over the kept tokens, in whole tiles of BLOCK_N."""
+    per_split = tl.cdiv(tl.cdiv(kept, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    return start, tl.minimum(start + per_split, kept)
+
+
+@triton.jit
+def kept_position(i, sinks_kept, window_start):
+    """The context position of kept token number ``i``."""
+    return tl.where(i < sinks_kept, i, i - sinks_kept + window_start)

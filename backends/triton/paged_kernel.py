@@ -1,0 +1,91 @@
+"""Paged decode, one program per (sequence, query head): the straightforward kernel.
+
+Grid ``(batch, heads / BLOCK_H)`` with ``BLOCK_H = 1`` on a GPU. Each program walks its
+sequence's block table one page at a time with an online softmax (base 2); the dot products
+are elementwise (no ``tl.dot``), so any group size works. ``-1`` pages and every slot outside
+the context, the window and the sinks are masked at load. The Triton interpreter's cost is
+per program, so there the same code runs ``BLOCK_H`` heads per program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from backends.triton.kernel_common import LN2, LOG2E
+from backends.triton.validation import check_output_buffers, check_paged_inputs
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q, k_pages, v_pages, block_table, context_lens, out, lse,
+    scale_log2, window, sinks, stride_table,
+    NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):
+    b = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = heads < NUM_QO_HEADS
+    kv_heads = heads // GROUP
+    n = tl.load(context_lens + b)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    row = (b * NUM_QO_HEADS + heads).to(tl.int64)
+    q_rows = tl.load(q + row[:, None] * HEAD_DIM + d[None, :],
+                     mask=h_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    q_rows = q_rows * scale_log2
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    slot = tl.arange(0, BLOCK_P)
+    table_row = block_table + b.to(tl.int64) * stride_table
+    for page_index in range(0, tl.cdiv(n, PAGE_SIZE)):
+        # the page id as a vector: the interpreter rejects masks mixing a loaded scalar in
+        page = tl.load(table_row + page_index + slot * 0)
+        position = page_index * PAGE_SIZE + slot
+        valid = (slot < PAGE_SIZE) & (position < n) & (page >= 0)
+        if HAS_WINDOW:
+            valid = valid & ((position >= n - window) | (position < sinks))
+        token = (page.to(tl.int64) * PAGE_SIZE + slot) * NUM_KV_HEADS
+        offsets = ((token[None, :, None] + kv_heads[:, None, None]) * HEAD_DIM
+                   + d[None, None, :])  # (H, P, D)
+        mask = h_mask[:, None, None] & valid[None, :, None] & d_mask[None, None, :]
+        keys = tl.load(k_pages + offsets, mask=mask, other=0.0).to(tl.float32)
+        scores = tl.sum(keys * q_rows[:, None, :], axis=2)  # (H, P)
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        values = tl.load(v_pages + offsets, mask=mask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values, axis=1)
+        m = m_new
+    empty = m == float("-inf")
+    result = acc / tl.where(empty, 1.0, total)[:, None]
+    tl.store(out + row[:, None] * HEAD_DIM + d[None, :], result.to(out.dtype.element_ty),
+             mask=h_mask[:, None] & d_mask[None, :])
+    row_lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, total))) * LN2)
+    tl.store(lse + row, row_lse, mask=h_mask)
+
+
+def paged_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
+                 sm_scale: float, window: int | None = None, sinks: int = 0,
+                 validate: bool = True) -> None:
+    """Same contract as ``splitkv_decode``, without splits."""
+    batch, hq, hkv, head_dim, page_size = (
+        check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
+                           sinks=sinks) if validate else
+        (q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]))
+    if validate:
+        check_output_buffers(q, out, lse)
+    if batch == 0:
+        return
+    block_h = hq if q.device.type == "cpu" else 1
+    _paged_decode_kernel[(batch, triton.cdiv(hq, block_h))](
+        q, k_pages, v_pages, block_table, context_lens, out, lse, sm_scale * LOG2E,
+        window or 0, sinks, block_table.stride(0), NUM_QO_HEADS=hq, NUM_KV_HEADS=hkv,
+        GROUP=hq // hkv, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        PAGE_SIZE=page_size, BLOCK_P=triton.next_power_of_2(page_size),
+        BLOCK_H=triton.next_power_of_2(block_h), HAS_WINDOW=window is not None)

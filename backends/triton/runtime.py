@@ -1,0 +1,74 @@
+"""Where the Triton kernels run (GPU or interpreter) and moving canonical arrays there."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Mode:
+    device: str  # "cuda" or "cpu"
+    interpreted: bool
+    sm_count: int
+
+
+@cache
+def select_mode() -> Mode:
+    """GPU when torch sees one, else the interpreter.
+
+    ``@triton.jit`` reads ``TRITON_INTERPRET`` when a function is decorated, and Triton
+    decorates its own library (``tl.cdiv``...) on import: so this runs before Triton is
+    imported anywhere.
+    """
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        return Mode("cuda", False, sms)
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton was imported before the interpreter could be selected; "
+                           "set TRITON_INTERPRET=1 in the environment on a machine without a GPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+    return Mode("cpu", True, 4)
+
+
+def unavailable_reason() -> str | None:
+    """Why Triton cannot run here, or None."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return f"torch is not importable ({exc}); pip install -e '.[triton]'"
+    try:
+        select_mode()
+    except RuntimeError as exc:
+        return str(exc)
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return f"triton is not importable ({exc}); pip install -e '.[triton]'"
+    return None
+
+
+def to_torch(array: np.ndarray, device: str):
+    """A torch tensor with the same values (bfloat16 through an int16 view)."""
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(
+            torch.bfloat16).to(device)
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def to_numpy(tensor, like: np.ndarray) -> np.ndarray:
+    """Copy a tensor back into NumPy with the dtype of ``like``."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(like.dtype)
+    return tensor.numpy().astype(like.dtype, copy=False)

@@ -1,0 +1,186 @@
+"""Paged split-KV flash decoding with the query heads of a GQA group packed into one tile.
+
+Grid ``(batch, kv_heads, splits)``. Each program walks the *kept* tokens of its split (sinks,
+then the window; every token without a window) in tiles of ``BLOCK_N``, looks each token's
+page up in the block table, and keeps an online softmax (base 2) for its whole query-head
+group with ``tl.dot``. Evicted, padded and ``-1`` slots are never loaded. ``combine`` then
+merges the splits and writes output and natural-log LSE for every row, empty ones included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+from backends.triton.kernel_common import LN2, LOG2E, kept_position, kept_span, split_bounds
+from backends.triton.validation import check_output_buffers, check_paged_inputs
+
+
+
+@triton.jit
+def _splitkv_partial_kernel(
+    q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
+    scale_log2, window, sinks, stride_table, num_splits,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    n = tl.load(context_lens + b)
+    kept, sinks_kept, window_start = kept_span(n, window, sinks, HAS_WINDOW)
+    start, end = split_bounds(kept, split, num_splits, BLOCK_N)
+
+    rows = tl.arange(0, PADDED_GROUP)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_offsets = (b * NUM_KV_HEADS * GROUP + heads[:, None]).to(tl.int64) * HEAD_DIM + d[None, :]
+    q_tile = tl.load(q + q_offsets, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m = tl.full([PADDED_GROUP], float("-inf"), tl.float32)
+    total = tl.zeros([PADDED_GROUP], tl.float32)
+    acc = tl.zeros([PADDED_GROUP, BLOCK_D], tl.float32)
+    table_row = block_table + b.to(tl.int64) * stride_table
+    for tile in range(start, end, BLOCK_N):
+        i = tile + tl.arange(0, BLOCK_N)
+        valid = i < end
+        position = kept_position(i, sinks_kept, window_start)
+        page = tl.load(table_row + position // PAGE_SIZE, mask=valid, other=-1)
+        valid = valid & (page >= 0)
+        token = (page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE) * NUM_KV_HEADS + kv_head
+        kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        keys = tl.load(k_pages + kv_offsets, mask=kv_mask, other=0.0)
+        scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        values = tl.load(v_pages + kv_offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values,
+                                            input_precision=DOT_PRECISION)
+        m = m_new
+
+    state = (b * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
+    tl.store(part_m + state, m, mask=row_mask)
+    tl.store(part_l + state, total, mask=row_mask)
+    tl.store(part_acc + state[:, None] * HEAD_DIM + d[None, :], acc,
+             mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _combine_kernel(part_m, part_l, part_acc, out, lse, rows, num_splits,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_R: tl.constexpr):
+    """``BLOCK_R`` (sequence, query head) rows: LSE-merge their splits (base-2 maxima)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_mask = r < rows
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    state = r[:, None] * num_splits + s[None, :]  # (R, S)
+    s_mask = r_mask[:, None] & (s[None, :] < num_splits)
+    m = tl.load(part_m + state, mask=s_mask, other=float("-inf"))
+    partial_total = tl.load(part_l + state, mask=s_mask, other=0.0)
+    top = tl.max(m, axis=1)
+    empty = top == float("-inf")
+    base = tl.where(empty, 0.0, top)
+    weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - base[:, None]))
+    total = tl.sum(partial_total * weight, axis=1)
+    acc_mask = s_mask[:, :, None] & (d[None, None, :] < HEAD_DIM)
+    acc = tl.load(part_acc + state[:, :, None] * HEAD_DIM + d[None, None, :], mask=acc_mask,
+                  other=0.0)
+    merged = tl.sum(acc * weight[:, :, None], axis=1) / tl.where(empty, 1.0, total)[:, None]
+    out_mask = r_mask[:, None] & (d[None, :] < HEAD_DIM)
+    tl.store(out + r[:, None] * HEAD_DIM + d[None, :], merged.to(out.dtype.element_ty),
+             mask=out_mask)
+    row_lse = tl.where(empty, float("-inf"), (base + tl.log2(tl.where(empty, 1.0, total))) * LN2)
+    tl.store(lse + r, row_lse, mask=r_mask)
+
+
+def rows_per_program(tensor, tile: int) -> int:
+    """Rows a small kernel handles per program: one tile's worth on a GPU, many under the
+    interpreter, whose cost is per program."""
+    if tensor.device.type == "cpu":
+        return 64
+    return max(1, min(16, 8192 // tile))
+
+
+def combine_splits(part_m, part_l, part_acc, out, lse) -> None:
+    """Merge ``(batch, heads, splits[, dim])`` partial states into ``out`` and ``lse``."""
+    batch, heads, splits = part_m.shape
+    head_dim = out.shape[-1]
+    rows = batch * heads
+    if rows == 0:
+        return
+    block_s, block_d = triton.next_power_of_2(splits), triton.next_power_of_2(head_dim)
+    block_r = triton.next_power_of_2(rows_per_program(out, block_s * block_d))
+    _combine_kernel[(triton.cdiv(rows, block_r),)](
+        part_m, part_l, part_acc, out, lse, rows, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_S=block_s, BLOCK_R=block_r)
+
+
+def choose_splits(batch: int, num_kv_heads: int, longest_kept: int, sm_count: int,
+                  block_n: int) -> int:
+    """Enough programs to fill the GPU about twice, without splits shorter than 2 tiles."""
+    if longest_kept <= 0:
+        return 1
+    wanted = math.ceil(2 * sm_count / max(1, batch * num_kv_heads))
+    useful = math.ceil(longest_kept / (2 * block_n))
+    return max(1, min(wanted, useful, 256))
+
+
+def tile_config(head_dim: int, group: int) -> dict:
+    """Launch parameters by head dim (tuned on an H200; see docs/benchmarks)."""
+    block_n = 64 if head_dim <= 128 else 32
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+
+
+def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
+                   sm_scale: float, window: int | None = None, sinks: int = 0,
+                   num_splits: int | None = None, sm_count: int = 132,
+                   validate: bool = True) -> None:
+    """Write attention output and natural-log LSE for every row of a paged decode batch.
+
+    ``q (batch, qo_heads, dim)``, ``k_pages``/``v_pages (pages, page_size, kv_heads, dim)``,
+    ``block_table (batch, max_blocks)`` int32 (-1 unallocated), ``context_lens (batch,)``
+    int32, ``out`` like ``q``, ``lse (batch, qo_heads)`` float32; all on one device.
+    """
+    import torch
+
+    batch, hq, hkv, head_dim, page_size = (
+        check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
+                           sinks=sinks) if validate else
+        (q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]))
+    if validate:
+        check_output_buffers(q, out, lse)
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits: {num_splits} must be at least 1")
+    group = hq // hkv
+    if batch == 0:
+        return
+    config = tile_config(head_dim, group)
+    if num_splits is None:
+        longest = int(context_lens.max())
+        if window is not None:
+            longest = min(longest, window + sinks)
+        num_splits = choose_splits(batch, hkv, longest, sm_count, config["BLOCK_N"])
+    part_m = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32,
+                           device=q.device)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _splitkv_partial_kernel[(batch, hkv, num_splits)](
+        q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
+        sm_scale * LOG2E, window or 0, sinks, block_table.stride(0), num_splits,
+        NUM_KV_HEADS=hkv, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        PAGE_SIZE=page_size, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=window is not None,
+        DOT_PRECISION=precision, num_warps=config["num_warps"], num_stages=config["num_stages"])
+    combine_splits(part_m, part_l, part_acc, out, lse)

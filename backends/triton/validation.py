@@ -1,0 +1,82 @@
+"""Host-side argument checks: a clear ValueError naming the argument, before any launch."""
+
+from __future__ import annotations
+
+KV_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def dtype_label(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_tensor(name: str, tensor, *, ndim: int | None = None, shape: tuple | None = None,
+                 dtype=None, float32: bool = False, int32: bool = False, device=None) -> None:
+    """Raise ValueError naming ``name`` when the tensor is not what the kernel needs."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if ndim is not None and tensor.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(tensor.shape)}")
+    if shape is not None and tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(tensor.shape)}")
+    if dtype is not None and tensor.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype_label(dtype)}, got "
+                         f"{dtype_label(tensor.dtype)}")
+    if float32 and tensor.dtype != torch.float32:
+        raise ValueError(f"{name}: expected dtype float32, got {dtype_label(tensor.dtype)}")
+    if int32 and tensor.dtype != torch.int32:
+        raise ValueError(f"{name}: expected dtype int32, got {dtype_label(tensor.dtype)}")
+    if dtype_label(tensor.dtype) not in KV_DTYPES + ("int32",):
+        raise ValueError(f"{name}: dtype {dtype_label(tensor.dtype)} is not supported "
+                         f"(one of {', '.join(KV_DTYPES)})")
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (strides {tensor.stride()})")
+
+
+def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
+                       window: int | None, sinks: int) -> tuple[int, ...]:
+    """Checks shared by the paged kernels; returns (batch, qo heads, kv heads, dim, page size)."""
+    check_tensor("q", q, ndim=3)
+    batch, num_qo_heads, head_dim = q.shape
+    check_tensor("k_pages", k_pages, ndim=4, dtype=q.dtype, device=q.device)
+    num_pages, page_size, num_kv_heads, k_dim = k_pages.shape
+    if k_dim != head_dim:
+        raise ValueError(f"k_pages: head_dim {k_dim} does not match q's head_dim {head_dim}")
+    check_tensor("v_pages", v_pages, shape=tuple(k_pages.shape), dtype=q.dtype, device=q.device)
+    check_tensor("block_table", block_table, ndim=2, int32=True, device=q.device)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {batch}")
+    check_tensor("context_lens", context_lens, shape=(batch,), int32=True, device=q.device)
+    if num_kv_heads == 0 or num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads "
+                         f"{num_kv_heads}")
+    if head_dim < 1 or head_dim > 512:
+        raise ValueError(f"head_dim: {head_dim} is outside 1..512")
+    if page_size < 1:
+        raise ValueError(f"page_size: {page_size} must be at least 1")
+    if batch and block_table.numel():
+        top = int(block_table.max())
+        if top >= num_pages:
+            raise ValueError(f"block_table: block id {top} is past the pool of {num_pages} pages")
+        if int(block_table.min()) < -1:
+            raise ValueError(f"block_table: block id {int(block_table.min())} is below -1")
+    if batch:
+        longest = int(context_lens.max())
+        if int(context_lens.min()) < 0:
+            raise ValueError(f"context_lens: negative length {int(context_lens.min())}")
+        if longest > block_table.shape[1] * page_size:
+            raise ValueError(f"context_lens: {longest} tokens do not fit {block_table.shape[1]} "
+                             f"blocks of {page_size}")
+    if window is not None and window < 1:
+        raise ValueError(f"window: {window} must be at least 1")
+    if sinks < 0:
+        raise ValueError(f"sinks: {sinks} must not be negative")
+    return batch, num_qo_heads, num_kv_heads, head_dim, page_size
+
+
+def check_output_buffers(q, out, lse) -> None:
+    check_tensor("out", out, shape=tuple(q.shape), dtype=q.dtype, device=q.device)
+    check_tensor("lse", lse, shape=tuple(q.shape[:2]), float32=True, device=q.device)
