@@ -1,4 +1,4 @@
-"""Device helpers shared by the split kernels: which tokens a split attends to."""
+"""Shared by the kernels: which tokens a split attends to, and launch sizing."""
 
 import triton
 import triton.language as tl
@@ -36,3 +36,11 @@ def split_bounds(kept, split, num_splits, BLOCK_N: tl.constexpr):
 def kept_position(i, sinks_kept, window_start):
     """The context position of kept token number ``i``."""
     return tl.where(i < sinks_kept, i, i - sinks_kept + window_start)
+
+
+def rows_per_program(tensor, tile: int) -> int:
+    """Rows a small kernel handles per program: one tile's worth on a GPU, many under the
+    interpreter, whose cost is per program."""
+    if tensor.device.type == "cpu":
+        return 64
+    return max(1, min(16, 8192 // tile))

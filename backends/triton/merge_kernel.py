@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.splitkv_kernel import rows_per_program
+from backends.triton.kernel_common import rows_per_program
 from backends.triton.validation import check_tensor
 
 

@@ -14,9 +14,15 @@ import math
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import LN2, LOG2E, kept_position, kept_span, split_bounds
+from backends.triton.kernel_common import (
+    LN2,
+    LOG2E,
+    kept_position,
+    kept_span,
+    rows_per_program,
+    split_bounds,
+)
 from backends.triton.validation import check_output_buffers, check_paged_inputs
-
 
 
 @triton.jit
@@ -102,14 +108,6 @@ def _combine_kernel(part_m, part_l, part_acc, out, lse, rows, num_splits,
              mask=out_mask)
     row_lse = tl.where(empty, float("-inf"), (base + tl.log2(tl.where(empty, 1.0, total))) * LN2)
     tl.store(lse + r, row_lse, mask=r_mask)
-
-
-def rows_per_program(tensor, tile: int) -> int:
-    """Rows a small kernel handles per program: one tile's worth on a GPU, many under the
-    interpreter, whose cost is per program."""
-    if tensor.device.type == "cpu":
-        return 64
-    return max(1, min(16, 8192 // tile))
 
 
 def combine_splits(part_m, part_l, part_acc, out, lse) -> None:

@@ -27,7 +27,7 @@ def check_tensor(name: str, tensor, *, ndim: int | None = None, shape: tuple | N
         raise ValueError(f"{name}: expected dtype float32, got {dtype_label(tensor.dtype)}")
     if int32 and tensor.dtype != torch.int32:
         raise ValueError(f"{name}: expected dtype int32, got {dtype_label(tensor.dtype)}")
-    if dtype_label(tensor.dtype) not in KV_DTYPES + ("int32",):
+    if dtype_label(tensor.dtype) not in (*KV_DTYPES, "int32"):
         raise ValueError(f"{name}: dtype {dtype_label(tensor.dtype)} is not supported "
                          f"(one of {', '.join(KV_DTYPES)})")
     if device is not None and tensor.device != device:
