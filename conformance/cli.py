@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     running.add_argument("--expectations", type=Path,
                          help="directory of expectation manifests (default: expectations/)")
     running.add_argument("--report-json", type=Path, help="write the JSON report here")
+    running.add_argument("-j", "--jobs", type=int, default=1,
+                         help="worker processes (0: one per CPU core); a worker killed by a "
+                              "crash is reported as an error for its case")
 
     skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
@@ -125,7 +129,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
         backends = [b for b in backends if b.reason is None]
     started = time.monotonic()
-    report = run(backends, cases, settings, Progress())
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    report = run(backends, cases, settings, Progress(), jobs=jobs)
     write_terminal(report, sys.stdout)
     print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
           f"{', '.join(b.label for b in backends)}")

@@ -179,20 +179,49 @@ class RunReport:
         return not self.failures
 
 
+def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> list[Result]:
+    """Every selected family of one case on one backend, sharing one trial."""
+    trial = Trial(backend.instance, case) if backend.instance else None
+    return [result for family in settings.families
+            for result in evaluate(backend, case, family, settings, trial)]
+
+
+def crashed_results(target: str, case: Case, settings: RunSettings,
+                    exitcode: int | None) -> list[Result]:
+    """What a case reports when its worker process died under it (a native crash)."""
+    label = backend_label(target, resolve(target))
+    how = f"signal {-exitcode}" if exitcode and exitcode < 0 else f"exit code {exitcode}"
+    return [Result(backend=label, case=case.id, check=family, status="error",
+                   message=f"the worker process died ({how}) while running this case",
+                   reproducer=settings.reproducer(target, case.id, family))
+            for family in settings.families]
+
+
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
-        progress: Callable[[int, int, str], None] | None = None) -> RunReport:
-    """Every family for every case on every backend; a backend fault never stops the run."""
+        progress: Callable[[int, int, str], None] | None = None, jobs: int = 1) -> RunReport:
+    """Every family for every case on every backend; a backend fault never stops the run.
+
+    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``); results are
+    reported in the same order as a serial run.
+    """
     report = RunReport(settings, backends, cases)
-    total = len(backends) * len(cases)
-    done = 0
-    for backend in backends:
-        for case in cases:
-            trial = Trial(backend.instance, case) if backend.instance else None
-            for family in settings.families:
-                report.results.extend(evaluate(backend, case, family, settings, trial))
-            done += 1
-            if progress:
-                progress(done, total, f"{backend.label} {case.id}")
+    tasks = [(backend, case) for backend in backends for case in cases]
+    collected: dict[int, list[Result]] = {}
+
+    def done(index: int, results: list[Result]) -> None:
+        collected[index] = results
+        if progress:
+            backend, case = tasks[index]
+            progress(len(collected), len(tasks), f"{backend.label} {case.id}")
+
+    if jobs > 1 and len(tasks) > 1:
+        from conformance.parallel import run_tasks
+
+        run_tasks([(b.target, c) for b, c in tasks], settings, jobs, done)
+    else:
+        for index, (backend, case) in enumerate(tasks):
+            done(index, evaluate_case(backend, case, settings))
+    report.results = [r for index in range(len(tasks)) for r in collected[index]]
     return report
 
 

@@ -229,3 +229,17 @@ class Unavailable(NumpySplitK):
     @classmethod
     def availability(cls):
         return "needs a GPU: none found"
+
+
+class CrashesOnWindows(NumpySplitK):
+    """A native crash: the process dies with SIGSEGV on every windowed case."""
+
+    name = "fault-crashes-on-windows"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if problem.window is not None:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSEGV)
+        super().decode(problem, out, lse, num_splits=num_splits)

@@ -111,3 +111,27 @@ def test_new_backend_rejects_bad_names(tmp_path, name):
 def test_no_case_matching_is_an_error_not_a_pass():
     result = cli("run", "--backend", "numpy", "-k", "no-such-case")
     assert result.returncode == 2 and "no case matches" in result.stderr
+
+
+def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
+    serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
+    args = ("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
+    assert cli(*args, "--report-json", str(serial)).returncode == 1
+    assert cli(*args, "-j", "2", "--report-json", str(parallel)).returncode == 1
+
+    def outcomes(path):
+        return [(r["case"], r["check"], r["status"], r["error"])
+                for r in json.loads(path.read_text())["results"]]
+
+    assert outcomes(serial) == outcomes(parallel)
+
+    crashed = tmp_path / "crashed.json"
+    result = cli("run", "--backend", "tests.planted:CrashesOnWindows", "--profile", "smoke",
+                 "-j", "2", "--report-json", str(crashed))
+    assert result.returncode == 1
+    results = json.loads(crashed.read_text())["results"]
+    errors = [r for r in results if r["status"] == "error"]
+    assert errors and all("window" in r["case"] for r in errors)
+    assert all("worker process died (signal 11)" in r["message"] for r in errors)
+    assert {r["case"] for r in results} == set(
+        cli("list", "--profile", "smoke").stdout.split())
