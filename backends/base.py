@@ -9,7 +9,7 @@ adapter converts layouts and conventions; it knows nothing of the checks.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -151,3 +151,13 @@ class Backend:
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
         """Combine two states over disjoint KV sets with the backend's own merge kernel."""
         raise NotImplementedError(f"backend {self.name!r} has no merge")
+
+    def prepare(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
+                num_splits: int | None = None) -> Callable[[], None]:
+        """The call a benchmark times: override to do layout conversion and uploads once
+        and return only the kernel launch."""
+        return lambda: self.decode(problem, out, lse, num_splits=num_splits)
+
+    def timing_device(self) -> str:
+        """``"cuda"`` when ``prepare``'s call runs asynchronously on a GPU, else ``"cpu"``."""
+        return "cpu"

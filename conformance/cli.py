@@ -53,6 +53,15 @@ def _parser() -> argparse.ArgumentParser:
                          help="worker processes (0: one per CPU core); a worker killed by a "
                               "crash is reported as an error for its case")
 
+    benching = sub.add_parser("bench", help="time backends' kernel calls on named shapes")
+    benching.add_argument("--backend", action="append", default=[], required=True,
+                          help="a registered name or module:Class (repeatable)")
+    benching.add_argument("--shapes", default="cpu", help="shape set: cpu or gpu (bench.toml)")
+    benching.add_argument("--shape", action="append", default=[], help="only this shape")
+    benching.add_argument("--rounds", type=int, default=3,
+                          help="timed rounds per shape (each a median); their spread is shown")
+    benching.add_argument("--report-json", type=Path, help="write the results here")
+
     skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
     skeleton.add_argument("--out", type=Path, help="file to write (default: NAME.py here)")
@@ -140,6 +149,53 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from conformance.bench import bench, copy_bandwidth, select_shapes
+
+    shapes = select_shapes(args.shapes, args.shape)
+    backends = [open_backend(name) for name in args.backend]
+    for backend in backends:
+        if backend.reason:
+            print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
+                  file=sys.stderr)
+            return 2
+    on_gpu = any(b.instance.timing_device() == "cuda" for b in backends)
+    copy_rate = copy_bandwidth() if on_gpu else None
+    if copy_rate:
+        print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
+    results = []
+    header = f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}"
+    print(header)
+    for backend in backends:
+        for shape in shapes:
+            result = bench(backend.instance, backend.label, shape, args.rounds,
+                           copy_rate if backend.instance.timing_device() == "cuda" else None)
+            results.append(result)
+            share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy else \
+                "      -"
+            print(f"{backend.label:18} {shape.name:18} {result.median_s * 1e6:8.1f}us "
+                  f"{result.bytes_per_s / 1e9:8.1f} {share} {result.spread:7.3f}", flush=True)
+    if args.report_json:
+        import json
+        import platform
+
+        machine = {"platform": platform.platform(), "python": platform.python_version()}
+        if on_gpu:
+            import torch
+
+            machine["gpu"] = torch.cuda.get_device_name(0)
+            machine["torch"] = torch.__version__
+            import triton
+
+            machine["triton"] = triton.__version__
+        args.report_json.write_text(json.dumps(
+            {"schema": "paged-decode-conformance/bench/1", "machine": machine,
+             "copy_bytes_per_s": copy_rate, "results": [r.as_dict() for r in results]},
+            indent=1) + "\n")
+        print(f"JSON: {args.report_json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -149,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(args)
         if args.command == "run":
             return _cmd_run(args)
+        if args.command == "bench":
+            return _cmd_bench(args)
         out = args.out or Path(f"{args.name.replace('-', '_')}.py")
         write_skeleton(args.name, out)
         print(f"wrote {out}; run it with: python -m conformance run --backend "

@@ -146,8 +146,8 @@ def logical_kv(case: Case) -> LogicalKV:
     dtype = numpy_dtype(case.dtype)
     hq, hkv, d, g = case.num_qo_heads, case.num_kv_heads, case.head_dim, case.group_size
     q = rng.standard_normal((case.batch, hq, d))
-    keys = [rng.standard_normal((n, hkv, d)) for n in case.context_lens]
-    values = [rng.standard_normal((n, hkv, d)) for n in case.context_lens]
+    keys = [rng.standard_normal((n, hkv, d), dtype=np.float32) for n in case.context_lens]
+    values = [rng.standard_normal((n, hkv, d), dtype=np.float32) for n in case.context_lens]
     if case.distribution == "uniform":
         q[:] = 0.0
     elif case.distribution == "large":

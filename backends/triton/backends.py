@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities
@@ -30,16 +32,39 @@ class TritonBackend(Backend):
         return super().unsupported_reason(case)
 
     def decode(self, problem, out, lse, *, num_splits=None) -> None:
-        device = self.mode.device
-        inputs = {name: runtime.to_torch(array, device)
-                  for name, array in problem.arrays().items()}
-        out_t, lse_t = runtime.to_torch(out, device), runtime.to_torch(lse, device)
-        self.launch(problem, inputs, out_t, lse_t, num_splits)
+        out_t, lse_t = self.upload(out), self.upload(lse)
+        self.bind(problem, out_t, lse_t, num_splits, validate=True)()
         out[...] = runtime.to_numpy(out_t, out)
         lse[...] = runtime.to_numpy(lse_t, lse)
 
-    def launch(self, problem, inputs: dict, out, lse, num_splits: int | None) -> None:
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        out_t, lse_t = self.upload(out), self.upload(lse)
+        self.bind(problem, out_t, lse_t, num_splits, validate=True)()  # checks and compiles
+        return self.bind(problem, out_t, lse_t, num_splits, validate=False)
+
+    def timing_device(self) -> str:
+        return self.mode.device
+
+    def upload(self, array: np.ndarray):
+        return runtime.to_torch(array, self.mode.device)
+
+    def bind(self, problem, out, lse, num_splits: int | None, validate: bool):
+        """Convert the problem for the kernel and return the launch, ready to call."""
         raise NotImplementedError
+
+    def inputs(self, problem) -> dict:
+        return {name: self.upload(array) for name, array in problem.arrays().items()}
+
+    def splits(self, problem, num_splits: int | None, block_n: int, waves: float = 2.0,
+               programs_per_split: int | None = None) -> int:
+        """The split count: the caller's, or the heuristic on the host-side problem."""
+        from backends.triton.kernel_common import choose_splits
+
+        if num_splits:
+            return num_splits
+        longest = max((len(problem.kept(b)) for b in range(problem.batch)), default=0)
+        return choose_splits(problem.batch, programs_per_split or problem.num_kv_heads,
+                             longest, self.mode.sm_count, block_n, waves)
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
         from backends.triton.merge_kernel import merge_states
@@ -62,13 +87,16 @@ class TritonSplitKV(TritonBackend):
                                 head_dims=frozenset(range(16, 257)), split_counts=(1, 3, 8),
                                 devices=("cuda", "cpu-interpreter"))
 
-    def launch(self, problem, inputs, out, lse, num_splits) -> None:
-        from backends.triton.splitkv_kernel import splitkv_decode
+    def bind(self, problem, out, lse, num_splits, validate):
+        from backends.triton.splitkv_kernel import splitkv_decode, tile_config
 
-        splitkv_decode(inputs["q"], inputs["k_pages"], inputs["v_pages"],
-                       inputs["block_table"], inputs["context_lens"], out, lse,
+        tensors = self.inputs(problem)
+        config = tile_config(problem.head_dim)
+        splits = self.splits(problem, num_splits, config["BLOCK_N"], config["waves"])
+        return partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
+                       tensors["block_table"], tensors["context_lens"], out, lse,
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
-                       num_splits=num_splits, sm_count=self.mode.sm_count)
+                       num_splits=splits, validate=validate)
 
 
 class TritonPaged(TritonBackend):
@@ -77,12 +105,14 @@ class TritonPaged(TritonBackend):
     capabilities = Capabilities(features=FEATURES, head_dims=frozenset(range(1, 257)),
                                 devices=("cuda", "cpu-interpreter"))
 
-    def launch(self, problem, inputs, out, lse, num_splits) -> None:
+    def bind(self, problem, out, lse, num_splits, validate):
         from backends.triton.paged_kernel import paged_decode
 
-        paged_decode(inputs["q"], inputs["k_pages"], inputs["v_pages"], inputs["block_table"],
-                     inputs["context_lens"], out, lse, sm_scale=problem.sm_scale,
-                     window=problem.window, sinks=problem.sinks)
+        tensors = self.inputs(problem)
+        return partial(paged_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
+                       tensors["block_table"], tensors["context_lens"], out, lse,
+                       sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
+                       validate=validate)
 
 
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray]:
@@ -111,12 +141,13 @@ class TritonContiguous(TritonBackend):
                                 head_dims=frozenset(range(1, 257)),
                                 devices=("cuda", "cpu-interpreter"))
 
-    def launch(self, problem, inputs, out, lse, num_splits) -> None:
-        from backends.triton.contiguous_kernel import contiguous_decode
+    def bind(self, problem, out, lse, num_splits, validate):
+        from backends.triton.contiguous_kernel import BLOCK_N, contiguous_decode
 
         keys, values = contiguous_cache(problem)
-        device = self.mode.device
-        contiguous_decode(inputs["q"], runtime.to_torch(keys, device),
-                          runtime.to_torch(values, device), inputs["context_lens"], out, lse,
-                          sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
-                          num_splits=num_splits, sm_count=self.mode.sm_count)
+        return partial(contiguous_decode, self.upload(problem.q), self.upload(keys),
+                       self.upload(values), self.upload(problem.context_lens), out, lse,
+                       sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
+                       num_splits=self.splits(problem, num_splits, BLOCK_N,
+                                              programs_per_split=problem.num_qo_heads),
+                       validate=validate)

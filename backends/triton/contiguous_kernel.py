@@ -11,9 +11,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import LOG2E, kept_position, kept_span, split_bounds
-from backends.triton.splitkv_kernel import choose_splits, combine_splits
+from backends.triton.kernel_common import (
+    LOG2E,
+    choose_splits,
+    kept_position,
+    kept_span,
+    split_bounds,
+)
+from backends.triton.splitkv_kernel import combine_splits
 from backends.triton.validation import check_output_buffers, check_tensor
+
+BLOCK_N = 64
 
 
 @triton.jit
@@ -91,11 +99,10 @@ def contiguous_decode(q, k_cache, v_cache, context_lens, out, lse, *, sm_scale: 
     batch, heads, head_dim = q.shape
     if batch == 0:
         return
-    block_n = 64
     block_h = heads if q.device.type == "cpu" else 1
     if num_splits is None:
         longest = k_cache.shape[2] if window is None else min(k_cache.shape[2], window + sinks)
-        num_splits = choose_splits(batch, heads, longest, sm_count, block_n)
+        num_splits = choose_splits(batch, heads, longest, sm_count, BLOCK_N)
     part_m = torch.empty((batch, heads, num_splits), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((batch, heads, num_splits, head_dim), dtype=torch.float32,
@@ -103,6 +110,6 @@ def contiguous_decode(q, k_cache, v_cache, context_lens, out, lse, *, sm_scale: 
     _contiguous_partial_kernel[(batch, triton.cdiv(heads, block_h), num_splits)](
         q, k_cache, v_cache, context_lens, part_m, part_l, part_acc, sm_scale * LOG2E,
         window or 0, sinks, k_cache.shape[2], num_splits, NUM_QO_HEADS=heads,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=BLOCK_N,
         BLOCK_H=triton.next_power_of_2(block_h), HAS_WINDOW=window is not None)
     combine_splits(part_m, part_l, part_acc, out, lse)

@@ -1,5 +1,7 @@
 """Shared by the kernels: which tokens a split attends to, and launch sizing."""
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -44,3 +46,13 @@ def rows_per_program(tensor, tile: int) -> int:
     if tensor.device.type == "cpu":
         return 64
     return max(1, min(16, 8192 // tile))
+
+
+def choose_splits(batch: int, num_kv_heads: int, longest_kept: int, sm_count: int,
+                  block_n: int, waves: float = 2.0) -> int:
+    """Enough programs to fill the GPU ``waves`` times, without splits shorter than 2 tiles."""
+    if longest_kept <= 0:
+        return 1
+    wanted = math.ceil(waves * sm_count / max(1, batch * num_kv_heads))
+    useful = math.ceil(longest_kept / (2 * block_n))
+    return max(1, min(wanted, useful, 256))

@@ -9,14 +9,13 @@ merges the splits and writes output and natural-log LSE for every row, empty one
 
 from __future__ import annotations
 
-import math
-
 import triton
 import triton.language as tl
 
 from backends.triton.kernel_common import (
     LN2,
     LOG2E,
+    choose_splits,
     kept_position,
     kept_span,
     rows_per_program,
@@ -124,26 +123,16 @@ def combine_splits(part_m, part_l, part_acc, out, lse) -> None:
         BLOCK_S=block_s, BLOCK_R=block_r)
 
 
-def choose_splits(batch: int, num_kv_heads: int, longest_kept: int, sm_count: int,
-                  block_n: int) -> int:
-    """Enough programs to fill the GPU about twice, without splits shorter than 2 tiles."""
-    if longest_kept <= 0:
-        return 1
-    wanted = math.ceil(2 * sm_count / max(1, batch * num_kv_heads))
-    useful = math.ceil(longest_kept / (2 * block_n))
-    return max(1, min(wanted, useful, 256))
-
-
-def tile_config(head_dim: int, group: int) -> dict:
-    """Launch parameters by head dim (tuned on an H200; see docs/benchmarks)."""
+def tile_config(head_dim: int) -> dict:
+    """Launch parameters by head dim (see benchmarks/README.md for how they were chosen)."""
     block_n = 64 if head_dim <= 128 else 32
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "waves": 2}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                    sm_scale: float, window: int | None = None, sinks: int = 0,
                    num_splits: int | None = None, sm_count: int = 132,
-                   validate: bool = True) -> None:
+                   validate: bool = True, config: dict | None = None) -> None:
     """Write attention output and natural-log LSE for every row of a paged decode batch.
 
     ``q (batch, qo_heads, dim)``, ``k_pages``/``v_pages (pages, page_size, kv_heads, dim)``,
@@ -163,12 +152,13 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     group = hq // hkv
     if batch == 0:
         return
-    config = tile_config(head_dim, group)
+    config = {**tile_config(head_dim), **(config or {})}
     if num_splits is None:
         longest = int(context_lens.max())
         if window is not None:
             longest = min(longest, window + sinks)
-        num_splits = choose_splits(batch, hkv, longest, sm_count, config["BLOCK_N"])
+        num_splits = choose_splits(batch, hkv, longest, sm_count, config["BLOCK_N"],
+                                   config["waves"])
     part_m = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32,

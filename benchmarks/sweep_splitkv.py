@@ -1,0 +1,70 @@
+"""Launch-parameter sweep of the split-KV kernel on the GPU shapes (run on a GPU machine).
+
+    python benchmarks/sweep_splitkv.py --out sweep.json
+
+For every shape of the ``gpu`` set and every (BLOCK_N, num_warps, num_stages, waves), the
+median time by ``do_bench``; prints the best configuration per shape and per head dim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from functools import partial
+
+from backends.triton import runtime
+
+GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4],
+        "waves": [1, 2, 4]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    mode = runtime.select_mode()
+    import torch
+
+    from backends.triton.kernel_common import choose_splits
+    from backends.triton.splitkv_kernel import splitkv_decode
+    from conformance.bench import copy_bandwidth, select_shapes, time_cuda
+    from conformance.problem import materialise, poisoned_outputs
+
+    copy_rate = copy_bandwidth()
+    rows = []
+    for shape in select_shapes("gpu"):
+        problem = materialise(shape.case())
+        tensors = {k: runtime.to_torch(v, "cuda") for k, v in problem.arrays().items()}
+        out, lse = poisoned_outputs(problem, 0.0)
+        out_t, lse_t = runtime.to_torch(out, "cuda"), runtime.to_torch(lse, "cuda")
+        best = None
+        for values in itertools.product(*GRID.values()):
+            config = dict(zip(GRID, values, strict=True))
+            splits = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
+                                   config["BLOCK_N"], config["waves"])
+            call = partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
+                           tensors["block_table"], tensors["context_lens"], out_t, lse_t,
+                           sm_scale=problem.sm_scale, num_splits=splits, validate=False,
+                           config=config)
+
+            try:
+                seconds = time_cuda(call)
+            except Exception as exc:  # a configuration that does not compile or launch
+                rows.append({"shape": shape.name, **config, "error": repr(exc)[:200]})
+                continue
+            fraction = shape.kv_bytes / seconds / copy_rate
+            rows.append({"shape": shape.name, **config, "splits": splits,
+                         "median_us": seconds * 1e6, "fraction_of_copy": fraction})
+            if best is None or fraction > best["fraction_of_copy"]:
+                best = rows[-1]
+        print(f"{shape.name:16} best {best}", flush=True)
+        del tensors, out_t, lse_t
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as handle:
+        json.dump({"copy_bytes_per_s": copy_rate, "gpu": torch.cuda.get_device_name(0),
+                   "rows": rows}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

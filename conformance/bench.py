@@ -1,0 +1,147 @@
+"""Benchmarks: time only the kernel call of a backend on named shapes.
+
+A backend's ``prepare`` does every conversion once and returns the call to time. On a GPU
+the call is timed with ``triton.testing.do_bench`` (CUDA events, L2 flushed before every
+call, median) next to a device-to-device copy measured in the same process; on a CPU with a
+plain median of wall-clock repeats. Each result records the bytes that must move (K and V of
+every attended token, read once) and the achieved rate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import Backend
+from conformance.dtypes import numpy_dtype
+from conformance.problem import materialise, poisoned_outputs
+from conformance.spec import Case
+
+BENCH_PATH = Path(__file__).with_name("bench.toml")
+_FIELDS = {"name", "sets", "batch", "context", "num_qo_heads", "num_kv_heads", "head_dim",
+           "page_size", "dtype"}
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    name: str
+    sets: tuple[str, ...]
+    batch: int
+    context: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int = 128
+    page_size: int = 16
+    dtype: str = "float16"
+
+    def case(self) -> Case:
+        return Case(family="bench", tag=self.name, num_qo_heads=self.num_qo_heads,
+                    num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    page_size=self.page_size, dtype=self.dtype,
+                    context_lens=(self.context,) * self.batch,
+                    batch_label=f"{self.batch}x[{self.context}]")
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V of every token, read once: the bytes no kernel can avoid moving."""
+        itemsize = np.dtype(numpy_dtype(self.dtype)).itemsize
+        return 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * itemsize
+
+
+def load_shapes(path: Path = BENCH_PATH) -> list[BenchShape]:
+    shapes = []
+    for index, entry in enumerate(tomllib.loads(path.read_text()).get("shape", [])):
+        unknown = set(entry) - _FIELDS
+        if unknown:
+            raise ValueError(f"{path.name}: shape #{index + 1}: unknown field(s) "
+                             f"{sorted(unknown)}; known: {', '.join(sorted(_FIELDS))}")
+        shapes.append(BenchShape(**{**entry, "sets": tuple(entry.get("sets", ()))}))
+    return shapes
+
+
+def select_shapes(shape_set: str, names: list[str] | None = None) -> list[BenchShape]:
+    shapes = [s for s in load_shapes() if shape_set in s.sets]
+    if names:
+        known = {s.name for s in load_shapes()}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ValueError(f"unknown bench shape {missing[0]!r}; known: "
+                             f"{', '.join(sorted(known))}")
+        shapes = [s for s in load_shapes() if s.name in names]
+    if not shapes:
+        raise ValueError(f"no bench shape in set {shape_set!r}")
+    return shapes
+
+
+def prepared_call(backend: Backend, shape: BenchShape) -> Callable[[], None]:
+    """The backend's kernel call on the shape's problem, every conversion done beforehand."""
+    problem = materialise(shape.case())
+    out, lse = poisoned_outputs(problem, 0.0)
+    return backend.prepare(problem, out, lse)
+
+
+def time_cpu(call: Callable[[], None], repeats: int = 7) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up."""
+    call()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def time_cuda(call: Callable[[], None]) -> float:
+    """Median seconds by CUDA events, L2 flushed before every call (``do_bench``)."""
+    from triton.testing import do_bench
+
+    return do_bench(call, warmup=25, rep=200, return_mode="median") / 1e3
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read and written."""
+    import torch
+
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    seconds = time_cuda(lambda: target.copy_(source))
+    return 2 * source.numel() / seconds
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    shape: str
+    device: str
+    median_s: float
+    kv_bytes: int
+    bytes_per_s: float
+    copy_bytes_per_s: float | None
+    fraction_of_copy: float | None
+    medians_s: list[float]
+
+    @property
+    def spread(self) -> float:
+        return max(self.medians_s) / min(self.medians_s)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "spread": self.spread}
+
+
+def bench(backend: Backend, label: str, shape: BenchShape, rounds: int = 1,
+          copy_rate: float | None = None) -> BenchResult:
+    """Time one shape ``rounds`` times (each a median); report the median of the medians."""
+    call = prepared_call(backend, shape)
+    device = backend.timing_device()
+    timer = time_cuda if device == "cuda" else time_cpu
+    medians = [timer(call) for _ in range(rounds)]
+    seconds = statistics.median(medians)
+    rate = shape.kv_bytes / seconds
+    return BenchResult(label, shape.name, device, seconds, shape.kv_bytes, rate, copy_rate,
+                       rate / copy_rate if copy_rate else None, medians)
