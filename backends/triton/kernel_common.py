@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)  # a constexpr: kernels may read it
 
 
 @triton.jit
