@@ -15,7 +15,7 @@ from functools import partial
 
 from backends.triton import runtime
 
-GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4],
+GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
         "waves": [1, 2, 4]}
 
 

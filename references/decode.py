@@ -36,16 +36,20 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
     """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
 
-    ``precision`` other than float64 recomputes the same formula with every intermediate
-    rounded to that type; the error-ratio tolerance rule uses it to learn how much error the
-    case's own precision costs. An empty context gives output 0 and LSE -inf.
+    ``precision`` other than float64 recomputes the same formula as a careful kernel in that
+    precision would: products summed in float32 (or float64 for float64) and every
+    intermediate rounded to ``precision``. The error-ratio tolerance rule uses it to learn
+    how much error the case's own precision costs. An empty context gives output 0 and LSE
+    -inf.
     """
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
     group = num_qo_heads // num_kv_heads
 
+    accumulate = np.float64 if precision == np.float64 else np.float32
+
     def rounded(x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float64).astype(precision).astype(np.float64)
+        return np.asarray(x).astype(precision).astype(accumulate)
 
     out = np.zeros((batch, num_qo_heads, head_dim), dtype=np.float64)
     lse = np.full((batch, num_qo_heads), -np.inf, dtype=np.float64)
@@ -56,7 +60,7 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
         keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions)
         for h in range(num_qo_heads):
             out[b, h], lse[b, h] = _attend(q[b, h], keys[:, h // group], values[:, h // group],
-                                           sm_scale, rounded)
+                                           accumulate(sm_scale), rounded)
     return out, lse
 
 
