@@ -161,3 +161,10 @@ class Backend:
     def timing_device(self) -> str:
         """``"cuda"`` when ``prepare``'s call runs asynchronously on a GPU, else ``"cpu"``."""
         return "cpu"
+
+    #: whether ``prepare``'s call can be captured in a CUDA graph for timing
+    capturable: ClassVar[bool] = True
+
+    def notes(self) -> list[str]:
+        """Lines for the report about this run (compile time, cache hits...)."""
+        return []

@@ -21,6 +21,8 @@ BUILTINS: dict[str, str] = {
     "triton-paged": "backends.triton.backends:TritonPaged",
     "triton-splitkv": "backends.triton.backends:TritonSplitKV",
     "triton-contiguous": "backends.triton.backends:TritonContiguous",
+    "tvm-cpu": "backends.tvm.backends:TvmCpu",
+    "tvm-cuda": "backends.tvm.backends:TvmCuda",
 }
 
 

@@ -162,9 +162,13 @@ class Trial:
                 worst = (lse_err, lse_budget, "lse")
         error, budget, name = worst
         passed = error <= budget.value
-        message = "" if passed else (
-            f"{name} error {error:.3g} > budget {budget.value:.3g}"
-            f"{' (' + what + ')' if what else ''}{locate(got.out, want_out)}")
+        message = ""
+        if not passed and name == "lse":
+            message = _lse_message(got.lse, want_lse, error, budget, self.empty_lse)
+            message += f" ({what})" if what else ""
+        elif not passed:
+            message = (f"output error {error:.3g} > budget {budget.value:.3g}"
+                       f"{' (' + what + ')' if what else ''}{locate(got.out, want_out)}")
         return Outcome(check, "passed" if passed else "failed", error, budget, message)
 
 
@@ -219,11 +223,13 @@ def check_oracle(trial: Trial) -> list[Outcome]:
 def _lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget,
                  empty: float) -> str:
     got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    bad = np.isnan(got64) | (np.isneginf(want64) & ~np.isclose(got64, empty, rtol=1e-6)
+    want_empty = np.isneginf(want64) | (np.isclose(want64, empty, rtol=1e-6, atol=0.0)
+                                        if math.isfinite(empty) else False)
+    bad = np.isnan(got64) | (want_empty & ~np.isclose(got64, empty, rtol=1e-6)
                              & ~(np.isneginf(got64) & math.isinf(empty)))
     if not bad.any():
         with np.errstate(invalid="ignore"):
-            diff = np.nan_to_num(np.abs(got64 - want64), nan=np.inf)
+            diff = np.where(want_empty, 0.0, np.nan_to_num(np.abs(got64 - want64), nan=np.inf))
         bad = diff == diff.max()
     b, h = (int(i) for i in np.argwhere(bad)[0])
     return (f"lse error {error:.3g} > budget {budget.value:.3g} at [batch {b}, head {h}]: got "

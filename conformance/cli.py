@@ -143,6 +143,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     write_terminal(report, sys.stdout)
     print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
           f"{', '.join(b.label for b in backends)}")
+    if jobs == 1:
+        for backend in backends:
+            for note in backend.instance.notes():
+                print(f"{backend.label}: {note}")
     if args.report_json:
         write_json(report, args.report_json)
         print(f"JSON report: {args.report_json}")

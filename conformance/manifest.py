@@ -1,14 +1,14 @@
 """Expectation manifests: known deviations of a backend, each with a reason.
 
 ``expectations/<backend>.toml`` holds ``[[expect]]`` entries with ``case`` and ``check``
-glob patterns, a ``reason`` and an optional ``link``. A listed failure is a
+patterns (``*`` and ``?`` wildcards, whole-string), a ``reason`` and an optional ``link``. A listed failure is a
 ``known-failure``; a listed check that passes is an ``unexpected-pass`` and fails the run
 until the entry is removed; an entry that matches nothing is *stale*.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +30,15 @@ class Expectation:
     line: int = 0
 
     def matches(self, case_id: str, check: str) -> bool:
-        return fnmatch.fnmatchcase(case_id, self.case) and (
-            fnmatch.fnmatchcase(check, self.check)
-            or fnmatch.fnmatchcase(check.split("/", 1)[0], self.check))
+        return glob_match(self.case, case_id) and (
+            glob_match(self.check, check) or glob_match(self.check, check.split("/", 1)[0]))
+
+
+def glob_match(pattern: str, text: str) -> bool:
+    """Whole-string match where ``*`` and ``?`` are wildcards; brackets are literal, as
+    case ids hold them (``ctx[0,17]``)."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, text) is not None
 
 
 @dataclass

@@ -60,7 +60,8 @@ class BackendRun:
                 "reason": self.reason or "", "description": self.cls.description,
                 "capabilities": self.cls.capabilities.describe(),
                 "conventions": self.cls.conventions.describe(),
-                "expectations": str(self.manifest.path) if self.manifest.path else ""}
+                "expectations": str(self.manifest.path) if self.manifest.path else "",
+                "notes": self.instance.notes() if self.instance else []}
 
 
 def open_backend(name: str, manifest_dir: Path | None = None) -> BackendRun:

@@ -1,0 +1,139 @@
+"""TVM's kernels as suite backends: the CPU (LLVM) kernels and the CUDA kernels.
+
+Conventions, declared rather than hidden: TVM's LSE is base 2 and an empty context leaves
+the kernel's running max at its initial -5e4 with a denominator of 1, so its LSE is the finite
+sentinel -5e4 (base 2). The adapter converts LSE to natural log both ways (for merge inputs
+too) and declares the sentinel; the suite then accepts exactly -5e4·ln 2 for empty rows.
+
+Set ``CONFORMANCE_TVM_AOT=DIR`` to run from an ahead-of-time build
+(``python -m conformance build tvm ...``), e.g. on a GPU machine with only TVM's runtime.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from backends.base import AttentionState, Backend, Capabilities, Conventions
+from backends.tvm import kernels
+from backends.tvm.layout import tvm_layout
+from conformance.dtypes import dtype_name
+
+LN2 = math.log(2.0)
+AOT_ENV = "CONFORMANCE_TVM_AOT"
+
+
+def aot_dir() -> Path | None:
+    value = os.environ.get(AOT_ENV)
+    return Path(value) if value else None
+
+
+class TvmBackend(Backend):
+    target: ClassVar[str] = "llvm"
+    conventions = Conventions(lse_base=2.0, empty_lse=-5e4)
+    capabilities = Capabilities(features=frozenset({"lse", "merge", "sliding_window", "sinks"}))
+
+    @classmethod
+    def availability(cls) -> str | None:
+        try:
+            kernels.import_tvm()
+            import tvm_ffi  # noqa: F401
+        except ImportError as exc:
+            return f"tvm is not importable ({exc}); pip install -e '.[tvm]'"
+        if not kernels.has_compiler() and aot_dir() is None:
+            return (f"this tvm has no compiler library and {AOT_ENV} names no ahead-of-time "
+                    f"build")
+        return None
+
+    def __init__(self) -> None:
+        self.tvm = kernels.import_tvm()
+        self.cache = kernels.KernelCache(self.target, aot_dir())
+        self.device = self.tvm.cpu(0) if self.target == "llvm" else self.tvm.cuda(0)
+
+    def notes(self) -> list[str]:
+        cache = self.cache
+        return [f"{len(cache.functions)} kernels: {cache.compiled} compiled, {cache.loaded} "
+                f"loaded ahead-of-time, {cache.compile_seconds:.1f} s compiling and loading"]
+
+    def tensor(self, array: np.ndarray):
+        return self.tvm.runtime.tensor(np.ascontiguousarray(array), self.device)
+
+    def decode_call(self, problem, out: np.ndarray, lse: np.ndarray):
+        """The kernel launch on converted inputs, and how to read results back."""
+        kv = tvm_layout(problem)
+        key = kernels.KernelKey("decode", self.target, problem.num_qo_heads,
+                                problem.num_kv_heads, problem.head_dim,
+                                dtype_name(problem.dtype), problem.page_size,
+                                kv.sliding_window)
+        function = self.cache.get(key)
+        zeros = np.zeros(problem.batch, dtype=np.int32)
+        out_t, lse_t = self.tensor(out), self.tensor(lse)
+        args = [self.tensor(problem.q), self.tensor(kv.pages), self.tensor(kv.page_indptr),
+                self.tensor(kv.page_values), self.tensor(kv.length_info), self.tensor(zeros),
+                self.tensor(zeros), out_t, lse_t]
+
+        def call() -> None:
+            function(*args, 0, 1.0, 1e4, float(problem.sm_scale))
+
+        def read_back() -> None:
+            out[...] = out_t.numpy()
+            lse[...] = lse_t.numpy() * np.float32(LN2)
+
+        return call, read_back
+
+    def decode(self, problem, out, lse, *, num_splits=None) -> None:
+        if problem.batch == 0:
+            return
+        call, read_back = self.decode_call(problem, out, lse)
+        call()
+        read_back()
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        call, _ = self.decode_call(problem, out, lse)
+        call()
+        return call
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        batch, heads, head_dim = a.out.shape
+        key = kernels.KernelKey("merge", self.target, heads, heads, head_dim,
+                                dtype_name(a.out.dtype))
+        function = self.cache.get(key)
+        v, s = self.tensor(a.out.copy()), self.tensor((a.lse / np.float32(LN2)).astype(np.float32))
+        v_other = self.tensor(b.out.copy())
+        s_other = self.tensor((b.lse / np.float32(LN2)).astype(np.float32))
+        function(v, s, v_other, s_other)
+        return AttentionState(out=v.numpy(), lse=(s.numpy() * np.float32(LN2)).astype(np.float32))
+
+
+class TvmCpu(TvmBackend):
+    name = "tvm-cpu"
+    description = ("TVM 0.27 _attention_decode_cpu and _merge_state_inplace_cpu, LLVM target, "
+                   "from the installed apache-tvm")
+    target = "llvm"
+
+
+class TvmCuda(TvmBackend):
+    name = "tvm-cuda"
+    description = ("TVM 0.27 _attention_decode and _merge_state_inplace, CUDA sm_90, from the "
+                   "installed apache-tvm or an ahead-of-time build")
+    target = "cuda"
+    capturable = False  # TVM launches on the legacy default stream: no CUDA-graph capture
+    capabilities = Capabilities(features=frozenset({"lse", "merge", "sliding_window", "sinks"}),
+                                devices=("cuda",))
+
+    @classmethod
+    def availability(cls) -> str | None:
+        reason = super().availability()
+        if reason:
+            return reason
+        tvm = kernels.import_tvm()
+        if not tvm.cuda(0).exist:
+            return "no CUDA device"
+        return None
+
+    def timing_device(self) -> str:
+        return "cuda"

@@ -1,0 +1,217 @@
+"""TVM's decode and merge kernels, compiled once per key, or loaded from an ahead-of-time build.
+
+A key is (kernel, target, qo heads, kv heads, head dim, dtype, page size, sliding window):
+each is compiled at most once per process. ``build`` exports every key a profile needs into
+a directory; a machine with only TVM's runtime (no ``libtvm_compiler.so``) then loads them
+from there. CUDA libraries hold CUDA source that TVM compiles when they are loaded; the
+build also stores a fatbin per source, and the runtime's compile callback serves it, so the
+GPU machine runs nvcc only for a source it has not seen.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CUDA_ARCH = "sm_90"
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    kernel: str  # "decode" or "merge"
+    target: str  # "llvm" or "cuda"
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int = 0
+    sliding_window: bool = False
+
+    @property
+    def filename(self) -> str:
+        return (f"{self.kernel}-{self.target}-q{self.num_qo_heads}kv{self.num_kv_heads}"
+                f"-d{self.head_dim}-{self.dtype}-ps{self.page_size}"
+                f"{'-sw' if self.sliding_window else ''}.so")
+
+
+def decode_key(target: str, problem_shape: dict) -> KernelKey:
+    return KernelKey("decode", target, **problem_shape)
+
+
+def merge_key(target: str, num_heads: int, head_dim: int, dtype: str) -> KernelKey:
+    return KernelKey("merge", target, num_heads, num_heads, head_dim, dtype)
+
+
+def has_compiler() -> bool:
+    """Whether the installed tvm carries its compiler library (else: runtime only)."""
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "lib" / "libtvm_compiler.so").exists()
+
+
+def import_tvm():
+    """Import tvm, in runtime-only mode when its compiler library is absent."""
+    if not has_compiler():
+        os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
+    import tvm
+
+    return tvm
+
+
+def cuda_target():
+    tvm = import_tvm()
+    return tvm.target.Target({"kind": "cuda", "arch": CUDA_ARCH, "max_num_threads": 1024,
+                              "max_threads_per_block": 1024, "thread_warp_size": 32,
+                              "max_shared_memory_per_block": 49152})
+
+
+def prim_func(key: KernelKey):
+    """TVM's own kernel for a key, from the installed package."""
+    import_tvm()
+    from tvm.relax.frontend.nn.llm import _decode_kernels as kernels
+
+    target = cuda_target() if key.target == "cuda" else None
+    if key.kernel == "decode":
+        if key.target == "llvm":
+            return kernels._attention_decode_cpu(
+                key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype,
+                key.sliding_window, {}, key.page_size)
+        return kernels._attention_decode(
+            key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, key.sliding_window, {},
+            target, key.page_size)
+    if key.target == "llvm":
+        return kernels._merge_state_inplace_cpu(key.dtype)
+    return kernels._merge_state_inplace(key.num_qo_heads, key.head_dim, key.dtype, target)
+
+
+def entry_name(key: KernelKey) -> str:
+    if key.kernel == "merge":
+        return "merge_state_inplace_cpu" if key.target == "llvm" else "merge_state_inplace"
+    name = "batch_decode_paged_kv_cpu" if key.target == "llvm" else "batch_decode_paged_kv"
+    return name + ("_sliding_window" if key.sliding_window else "")
+
+
+def compile_kernel(key: KernelKey):
+    """Compile a key with TVM's compiler; returns the executable (exportable) module."""
+    tvm = import_tvm()
+    target = cuda_target() if key.target == "cuda" else tvm.target.Target("llvm")
+    return tvm.compile(tvm.IRModule({entry_name(key): prim_func(key)}), target=target)
+
+
+def cuda_sources(executable) -> list[str]:
+    return [m.inspect_source("cuda") for m in executable.mod.imports if m.kind == "cuda"]
+
+
+def nvcc_fatbin(source: str) -> bytes:
+    """CUDA source to an sm_90 fatbin with the nvcc on PATH."""
+    arch = CUDA_ARCH.split("_")[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cu"
+        path.write_text(source)
+        subprocess.run(["nvcc", "--fatbin", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                        "-o", str(path.with_suffix(".fatbin")), str(path)], check=True,
+                       capture_output=True, text=True)
+        return path.with_suffix(".fatbin").read_bytes()
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
+class KernelCache:
+    """Each key's callable, compiled or loaded once; counts compile and load time apart."""
+
+    def __init__(self, target: str, aot_dir: Path | None = None):
+        self.target = target
+        self.aot_dir = aot_dir
+        self.functions: dict[KernelKey, object] = {}
+        self.compile_seconds = 0.0
+        self.compiled = 0
+        self.loaded = 0
+        if target == "cuda":
+            prepare_cuda_runtime(aot_dir)
+
+    def get(self, key: KernelKey):
+        if key not in self.functions:
+            start = time.perf_counter()
+            module = self._load(key)
+            self.functions[key] = module[entry_name(key)]
+            self.compile_seconds += time.perf_counter() - start
+        return self.functions[key]
+
+    def _load(self, key: KernelKey):
+        tvm = import_tvm()
+        if self.aot_dir is not None and (self.aot_dir / key.filename).exists():
+            self.loaded += 1
+            return tvm.runtime.load_module(str(self.aot_dir / key.filename))
+        if not has_compiler():
+            where = self.aot_dir or "no --tvm-aot directory"
+            raise RuntimeError(f"TVM kernel {key.filename} is not in the ahead-of-time build "
+                               f"({where}) and this tvm has no compiler")
+        self.compiled += 1
+        executable = compile_kernel(key)
+        if key.target == "cuda":
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / key.filename
+                executable.export_library(str(path))
+                return tvm.runtime.load_module(str(path))
+        return executable.mod
+
+
+def build(keys: list[KernelKey], out: Path, fatbins: bool = True) -> dict:
+    """Export every key into ``out`` (plus CUDA fatbins); returns a summary for the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fatbin").mkdir(exist_ok=True)
+    summary = {"keys": [], "compile_seconds": 0.0, "nvcc_seconds": 0.0}
+    for key in keys:
+        start = time.perf_counter()
+        executable = compile_kernel(key)
+        executable.export_library(str(out / key.filename))
+        summary["compile_seconds"] += time.perf_counter() - start
+        if key.target == "cuda" and fatbins:
+            start = time.perf_counter()
+            for source in cuda_sources(executable):
+                target = out / "fatbin" / f"{source_digest(source)}.fatbin"
+                if not target.exists():
+                    target.write_bytes(nvcc_fatbin(source))
+            summary["nvcc_seconds"] += time.perf_counter() - start
+        summary["keys"].append(key.filename)
+    (out / "manifest.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+_CUDA_READY = False
+
+
+def prepare_cuda_runtime(aot_dir: Path | None) -> None:
+    """Runtime-only TVM on a GPU: load the CUDA runtime library globally and register a
+    compile callback (TVM's own needs the compiler library), serving prebuilt fatbins."""
+    global _CUDA_READY
+    if _CUDA_READY:
+        return
+    tvm = import_tvm()
+    import tvm_ffi
+
+    library = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+    if library.exists():
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    fatbin_dir = aot_dir / "fatbin" if aot_dir else None
+
+    def compile_cuda(source, *_):
+        if fatbin_dir is not None:
+            cached = fatbin_dir / f"{source_digest(source)}.fatbin"
+            if cached.exists():
+                return bytearray(cached.read_bytes())
+        return bytearray(nvcc_fatbin(source))
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
+    _CUDA_READY = True
