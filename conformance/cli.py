@@ -62,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
 
+    building = sub.add_parser("build", help="ahead-of-time build of a backend's kernels")
+    building.add_argument("what", choices=["tvm"], help="which kernels")
+    building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
+    building.add_argument("--profile", default="full")
+    building.add_argument("--spec", help="a spec TOML other than the built-in one")
+    building.add_argument("--out", type=Path, required=True, help="directory to write")
+    building.add_argument("--no-fatbin", action="store_true",
+                          help="store CUDA source only (compiled by nvcc when loaded)")
+
     skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
     skeleton.add_argument("--out", type=Path, help="file to write (default: NAME.py here)")
@@ -200,6 +209,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build(args: argparse.Namespace) -> int:
+    from backends.registry import resolve
+    from backends.tvm import kernels
+
+    backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
+    settings = RunSettings(profile=args.profile, spec_path=args.spec)
+    cases = [c for c in select_cases(settings.spec(), args.profile)
+             if backend.capabilities.unsupported_reason(c) is None]
+    keys = sorted({k for c in cases for k in kernels.keys_for_case(c, args.target)},
+                  key=lambda k: k.filename)
+    print(f"building {len(keys)} TVM kernels for {len(cases)} cases of profile "
+          f"{args.profile} into {args.out}", flush=True)
+    started = time.monotonic()
+    summary = kernels.build(keys, args.out, fatbins=not args.no_fatbin)
+    print(f"done in {time.monotonic() - started:.1f}s: compile {summary['compile_seconds']:.1f}s, "
+          f"nvcc {summary['nvcc_seconds']:.1f}s; {len(summary['failures'])} kernels TVM could "
+          f"not build (listed in manifest.json); run with {kernels.AOT_ENV_NAME}={args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -211,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "build":
+            return _cmd_build(args)
         out = args.out or Path(f"{args.name.replace('-', '_')}.py")
         write_skeleton(args.name, out)
         print(f"wrote {out}; run it with: python -m conformance run --backend "

@@ -1,7 +1,8 @@
 """Expectation manifests: known deviations of a backend, each with a reason.
 
 ``expectations/<backend>.toml`` holds ``[[expect]]`` entries with ``case`` and ``check``
-patterns (``*`` and ``?`` wildcards, whole-string), a ``reason`` and an optional ``link``. A listed failure is a
+patterns (``*`` and ``?`` wildcards, whole-string), a ``reason`` and an optional
+``link``. A listed failure is a
 ``known-failure``; a listed check that passes is an ``unexpected-pass`` and fails the run
 until the entry is removed; an entry that matches nothing is *stale*.
 """

@@ -24,7 +24,7 @@ from backends.tvm.layout import tvm_layout
 from conformance.dtypes import dtype_name
 
 LN2 = math.log(2.0)
-AOT_ENV = "CONFORMANCE_TVM_AOT"
+AOT_ENV = kernels.AOT_ENV_NAME
 
 
 def aot_dir() -> Path | None:
@@ -98,7 +98,7 @@ class TvmBackend(Backend):
         return call
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        batch, heads, head_dim = a.out.shape
+        _, heads, head_dim = a.out.shape
         key = kernels.KernelKey("merge", self.target, heads, heads, head_dim,
                                 dtype_name(a.out.dtype))
         function = self.cache.get(key)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CUDA_ARCH = "sm_90"
+AOT_ENV_NAME = "CONFORMANCE_TVM_AOT"
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,13 @@ class KernelCache:
         if self.aot_dir is not None and (self.aot_dir / key.filename).exists():
             self.loaded += 1
             return tvm.runtime.load_module(str(self.aot_dir / key.filename))
+        if self.aot_dir is not None and (self.aot_dir / "manifest.json").exists():
+            failures = json.loads((self.aot_dir / "manifest.json").read_text())["failures"]
+            if key.filename in failures:
+                raise RuntimeError(f"TVM could not build {key.filename}: "
+                                   f"{failures[key.filename]}")
         if not has_compiler():
-            where = self.aot_dir or "no --tvm-aot directory"
+            where = self.aot_dir or f"no {AOT_ENV_NAME} directory"
             raise RuntimeError(f"TVM kernel {key.filename} is not in the ahead-of-time build "
                                f"({where}) and this tvm has no compiler")
         self.compiled += 1
@@ -171,10 +177,14 @@ def build(keys: list[KernelKey], out: Path, fatbins: bool = True) -> dict:
     """Export every key into ``out`` (plus CUDA fatbins); returns a summary for the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "fatbin").mkdir(exist_ok=True)
-    summary = {"keys": [], "compile_seconds": 0.0, "nvcc_seconds": 0.0}
+    summary = {"keys": [], "failures": {}, "compile_seconds": 0.0, "nvcc_seconds": 0.0}
     for key in keys:
         start = time.perf_counter()
-        executable = compile_kernel(key)
+        try:
+            executable = compile_kernel(key)
+        except Exception as exc:  # TVM refuses some shapes: record it for the run to report
+            summary["failures"][key.filename] = f"{type(exc).__name__}: {exc}"[:500]
+            continue
         executable.export_library(str(out / key.filename))
         summary["compile_seconds"] += time.perf_counter() - start
         if key.target == "cuda" and fatbins:
@@ -215,3 +225,19 @@ def prepare_cuda_runtime(aot_dir: Path | None) -> None:
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
     _CUDA_READY = True
+
+
+def keys_for_case(case, target: str) -> set[KernelKey]:
+    """Every kernel the checks ask for on a case: the case's decode with and without the
+    window (merge segments have none), GQA repeated to MHA, the page size doubled (the
+    page-size invariance), and the merge."""
+    keys = set()
+    windows = {case.window is not None, False}
+    for sliding in windows:
+        for kv_heads in {case.num_kv_heads, case.num_qo_heads}:
+            for page_size in (case.page_size, case.page_size * 2):
+                keys.add(KernelKey("decode", target, case.num_qo_heads, kv_heads, case.head_dim,
+                                   case.dtype, page_size, sliding))
+    keys.add(KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim,
+                       case.dtype))
+    return keys
