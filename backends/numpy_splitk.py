@@ -3,7 +3,8 @@
 It walks the block table page by page, keeps per-split partial states (running max ``m``,
 denominator ``l``, accumulator ``acc``) in float32, packs the query heads of a GQA group
 into one tile, and combines the splits with a log-sum-exp merge. Its seams (``kv_head_map``,
-``valid_tokens``, ``load_page``, ``combine``) are where the suite's planted bugs go.
+``valid_tokens``, ``load_page``, ``accumulator``, ``combine``) are where the suite's planted
+bugs go.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class NumpySplitK(Backend):
         keys = np.where(valid[:, None, None], problem.k_pages[block].astype(F32), F32(0))
         values = np.where(valid[:, None, None], problem.v_pages[block].astype(F32), F32(0))
         return keys, values
+
+    def accumulator(self, acc: np.ndarray, problem: Problem) -> np.ndarray:
+        """The running output accumulator after a page: float32, kept as it is."""
+        return acc
 
     def combine(self, partials: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +123,8 @@ class NumpySplitK(Backend):
             alpha = np.where(np.isfinite(m), np.exp(m - base), F32(0))
             p = np.where(live[..., None], np.exp(scores - base[..., None]), F32(0))
             total = total * alpha + p.sum(axis=-1)
-            acc = acc * alpha[..., None] + np.einsum("hgt,thd->hgd", p, values)
+            acc = self.accumulator(acc * alpha[..., None] + np.einsum("hgt,thd->hgd", p, values),
+                                   problem)
             m = m_new
         return m, total, acc
 

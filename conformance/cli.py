@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from backends.registry import UnknownBackendError, known_backends
+from conformance.accuracy import drift_results, load_accuracy, save_accuracy
 from conformance.checks import CHECK_FAMILIES
 from conformance.manifest import ManifestError
-from conformance.report import write_json, write_terminal
+from conformance.report import write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
     RunSettings,
     check_families,
@@ -49,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     running.add_argument("--expectations", type=Path,
                          help="directory of expectation manifests (default: expectations/)")
     running.add_argument("--report-json", type=Path, help="write the JSON report here")
+    running.add_argument("--save-accuracy", type=Path, help="save per-check errors here")
+    running.add_argument("--compare-accuracy", type=Path,
+                         help="fail checks whose error grew past --drift-factor against "
+                              "this saved baseline, even inside the budget")
+    running.add_argument("--drift-factor", type=float, default=2.0)
+    running.add_argument("--strict-manifest", action="store_true",
+                         help="fail when a manifest entry matches nothing")
+    running.add_argument("--junit-xml", type=Path, help="write a JUnit XML report here")
+    running.add_argument("--summary-md", type=Path,
+                         help="write a Markdown summary (for a CI job page) here")
     running.add_argument("-j", "--jobs", type=int, default=1,
                          help="worker processes (0: one per CPU core); a worker killed by a "
                               "crash is reported as an error for its case")
@@ -70,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--out", type=Path, required=True, help="directory to write")
     building.add_argument("--no-fatbin", action="store_true",
                           help="store CUDA source only (compiled by nvcc when loaded)")
+
+    expectations = sub.add_parser("expectations", help="maintain expectation manifests")
+    expectations.add_argument("action", choices=["update"],
+                              help="update: run the profile and append an entry for each "
+                                   "unexpected failure, with a placeholder reason to fill")
+    expectations.add_argument("--backend", required=True)
+    expectations.add_argument("--profile", default="ci")
+    expectations.add_argument("--spec", help="a spec TOML other than the built-in one")
+    expectations.add_argument("--expectations", type=Path,
+                              help="directory of expectation manifests (default: expectations/)")
+    expectations.add_argument("-j", "--jobs", type=int, default=1)
 
     skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
@@ -148,7 +170,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         backends = [b for b in backends if b.reason is None]
     started = time.monotonic()
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    baseline = load_accuracy(args.compare_accuracy) if args.compare_accuracy else None
     report = run(backends, cases, settings, Progress(), jobs=jobs)
+    if baseline is not None:
+        report.results.extend(drift_results(report, baseline, args.drift_factor))
+    report.strict_manifest = args.strict_manifest
     write_terminal(report, sys.stdout)
     print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
           f"{', '.join(b.label for b in backends)}")
@@ -156,9 +182,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for backend in backends:
             for note in backend.instance.notes():
                 print(f"{backend.label}: {note}")
-    if args.report_json:
-        write_json(report, args.report_json)
-        print(f"JSON report: {args.report_json}")
+    for path, writer in ((args.report_json, write_json), (args.junit_xml, write_junit),
+                         (args.summary_md, write_markdown), (args.save_accuracy, save_accuracy)):
+        if path:
+            writer(report, path)
+            print(f"wrote {path}")
     return 0 if report.ok else 1
 
 
@@ -229,6 +257,35 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_expectations(args: argparse.Namespace) -> int:
+    from conformance.manifest import EXPECTATIONS_DIR, append_entries
+
+    settings = RunSettings(profile=args.profile, spec_path=args.spec,
+                           manifest_dir=args.expectations)
+    backend = open_backend(args.backend, args.expectations)
+    if backend.reason:
+        print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
+              file=sys.stderr)
+        return 2
+    cases = select_cases(settings.spec(), args.profile)
+    report = run([backend], cases, settings, Progress(), jobs=args.jobs or (os.cpu_count() or 1))
+    failing = sorted({(r.case, r.check) for r in report.failures if r.status in ("failed",
+                                                                                   "error")})
+    if not failing:
+        print(f"{backend.label}: no unexpected failures on profile {args.profile}; "
+              f"nothing to add")
+        return 0
+    note = (f"added by `python -m conformance expectations update --backend {args.backend} "
+            f"--profile {args.profile}` on {time.strftime('%Y-%m-%d')}")
+    path = append_entries(backend.manifest, failing, args.expectations or EXPECTATIONS_DIR,
+                          note)
+    print(f"appended {len(failing)} entries to {path}, each with a placeholder reason:")
+    for case_id, check in failing:
+        print(f"  {check}  {case_id}")
+    print("replace each placeholder with the reason (--strict-manifest fails until then)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -242,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "build":
             return _cmd_build(args)
+        if args.command == "expectations":
+            return _cmd_expectations(args)
         out = args.out or Path(f"{args.name.replace('-', '_')}.py")
         write_skeleton(args.name, out)
         print(f"wrote {out}; run it with: python -m conformance run --backend "

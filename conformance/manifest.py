@@ -59,6 +59,9 @@ class Manifest:
     def stale(self) -> list[Expectation]:
         return [e for i, e in enumerate(self.entries) if i not in self.used]
 
+    def placeholders(self) -> list[Expectation]:
+        return [e for e in self.entries if e.reason == PLACEHOLDER]
+
 
 def _entry_lines(text: str) -> list[int]:
     return [number for number, line in enumerate(text.splitlines(), start=1)
@@ -121,3 +124,25 @@ def apply(manifest: Manifest, case_id: str,
         else:
             results.append((status, ""))
     return results
+
+
+PLACEHOLDER = "TODO: say why this fails, and link the upstream issue"
+
+
+def append_entries(manifest: Manifest, failures: list[tuple[str, str]], directory: Path,
+                   note: str) -> Path:
+    """Append an entry per (case id, check) to the backend's manifest, with the placeholder
+    reason; the entries are printed by the caller, and --strict-manifest fails until each
+    placeholder is replaced."""
+    path = manifest.path or directory / f"{manifest.backend.replace(':', '_')}.toml"
+    lines = [f"\n# {note}"]
+    for case_id, check in failures:
+        lines += ["[[expect]]", f"case = {_toml_string(case_id)}", f"check = {_toml_string(check)}",
+                  f"reason = {_toml_string(PLACEHOLDER)}", ""]
+    with path.open("a") as handle:
+        handle.write("\n".join(lines))
+    return path
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

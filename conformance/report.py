@@ -35,6 +35,7 @@ def matrix_lines(report: RunReport) -> list[str]:
     for backend, family, counts in results_by_family(report.results):
         cells.setdefault(backend, {})[family] = _cell(counts)
     families = [f for f in CHECK_FAMILIES if f in report.settings.families]
+    families += sorted({r.family for r in report.results} - set(families))  # drift
     header = ["backend", *families, "verdict"]
     rows = [header]
     for backend in report.backends:
@@ -54,14 +55,15 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
     for line in matrix_lines(report):
         print("  " + line, file=stream)
     print("  " + LEGEND, file=stream)
-    for backend in report.backends:
-        stale = [] if report.settings.filtered else backend.manifest.stale()
-        for entry in stale:
-            print(f"  stale expectation in {backend.manifest.path}:{entry.line}: case "
-                  f"{entry.case!r} check {entry.check!r} matched nothing", file=stream)
+    for problem in report.manifest_problems():
+        print(f"  manifest: {problem}"
+              f"{' (fails: --strict-manifest)' if report.strict_manifest else ''}", file=stream)
     failures = report.failures
     if not failures:
         print("\nno unexpected failures", file=stream)
+        if not report.ok:
+            print("but the manifest problems above fail the run (--strict-manifest)",
+                  file=stream)
         return
     print(f"\n{len(failures)} unexpected failure(s):", file=stream)
     for result in failures[:max_failures]:
@@ -105,10 +107,77 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "results": results,
         "stale_expectations": [
             {"backend": b.label, "case": e.case, "check": e.check, "reason": e.reason,
-             "line": e.line} for b in report.backends for e in b.manifest.stale()
-            if not report.settings.filtered],
+             "line": e.line} for b, e in report.stale_expectations()],
     }
 
 
 def write_json(report: RunReport, path: str | Path, argv: list[str] | None = None) -> None:
     Path(path).write_text(json.dumps(report_dict(report, argv), indent=1) + "\n")
+
+
+def write_junit(report: RunReport, path: str | Path) -> None:
+    """JUnit XML: a suite per backend, a test case per (case, check)."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.Element("testsuites", name="paged-decode-conformance")
+    for backend in report.backends:
+        results = [r for r in report.results if r.backend == backend.label]
+        suite = ET.SubElement(root, "testsuite", name=backend.label, tests=str(len(results)),
+                              failures=str(sum(r.status in ("failed", "unexpected-pass")
+                                               for r in results)),
+                              errors=str(sum(r.status == "error" for r in results)),
+                              skipped=str(sum(r.status in ("unsupported", "known-failure")
+                                              for r in results)))
+        for result in results:
+            case = ET.SubElement(suite, "testcase", classname=backend.label,
+                                 name=f"{result.case}::{result.check}")
+            text = f"{result.message}\nrerun: {result.reproducer}"
+            if result.status in ("failed", "unexpected-pass"):
+                ET.SubElement(case, "failure", message=result.message[:200]).text = text
+            elif result.status == "error":
+                ET.SubElement(case, "error", message=result.message[:200]).text = text
+            elif result.status in ("unsupported", "known-failure"):
+                ET.SubElement(case, "skipped", message=f"{result.status}: {result.message}"[:500])
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def accuracy_rows(report: RunReport) -> list[tuple[str, str, str, float, float, str]]:
+    """Per backend, dtype and oracle check: the worst error, its budget and the case."""
+    worst: dict[tuple[str, str, str], tuple[float, float, str]] = {}
+    for r in report.results:
+        if r.check.startswith("oracle/") and r.error is not None and r.budget:
+            dtype = r.case.split("/")[-2].rsplit("-", 1)[-1]
+            key = (r.backend, dtype, r.check)
+            if key not in worst or r.error / r.budget > worst[key][0] / worst[key][1]:
+                worst[key] = (r.error, r.budget, r.case)
+    return [(*key, *value) for key, value in sorted(worst.items())]
+
+
+def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) -> None:
+    """A summary for a CI job page: the matrix, the failures with reproducers, accuracy."""
+    lines = [f"## Conformance: profile `{report.settings.profile}`, {len(report.cases)} cases",
+             "", "**" + ("PASS" if report.ok else "FAIL") + "**", ""]
+    matrix = [line.split("  ") for line in matrix_lines(report)]
+    matrix = [[cell.strip() for cell in row if cell.strip()] for row in matrix]
+    lines += ["| " + " | ".join(matrix[0]) + " |", "|" + " --- |" * len(matrix[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in matrix[1:]]
+    lines += ["", LEGEND, ""]
+    failures = report.failures
+    if failures:
+        lines += [f"### {len(failures)} unexpected failure(s)", ""]
+        for r in failures[:max_failures]:
+            measured = f" (error {r.error:.3g}, budget {r.budget:.3g})" if (
+                r.error is not None and r.budget is not None) else ""
+            lines += [f"- **{r.status}** `{r.backend}` `{r.check}`{measured} on `{r.case}`: "
+                      f"{r.message}", f"  `{r.reproducer}`"]
+        if len(failures) > max_failures:
+            lines.append(f"- ... {len(failures) - max_failures} more in the JSON report")
+        lines.append("")
+    rows = accuracy_rows(report)
+    if rows:
+        lines += ["### Accuracy (worst error / budget per backend, dtype and check)", "",
+                  "| backend | dtype | check | error | budget | case |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {b} | {d} | {c} | {e:.3g} | {g:.3g} | `{case}` |"
+                  for b, d, c, e, g, case in rows]
+    Path(path).write_text("\n".join(lines) + "\n")

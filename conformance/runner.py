@@ -170,14 +170,29 @@ class RunReport:
     backends: list[BackendRun]
     cases: list[Case]
     results: list[Result] = field(default_factory=list)
+    strict_manifest: bool = False
 
     @property
     def failures(self) -> list[Result]:
         return [r for r in self.results if r.status in FAILING]
 
+    def stale_expectations(self) -> list[tuple[BackendRun, object]]:
+        """Manifest entries that matched nothing (meaningful only in an unfiltered run)."""
+        if self.settings.filtered:
+            return []
+        return [(b, e) for b in self.backends for e in b.manifest.stale()]
+
+    def manifest_problems(self) -> list[str]:
+        """What --strict-manifest fails on: stale entries and unfilled placeholder reasons."""
+        problems = [f"{b.manifest.path}:{e.line}: entry matches nothing (case {e.case!r}, "
+                    f"check {e.check!r})" for b, e in self.stale_expectations()]
+        problems += [f"{b.manifest.path}:{e.line}: placeholder reason; say why it fails"
+                     for b in self.backends for e in b.manifest.placeholders()]
+        return problems
+
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not (self.strict_manifest and self.manifest_problems())
 
 
 def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> list[Result]:

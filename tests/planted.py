@@ -243,3 +243,16 @@ class CrashesOnWindows(NumpySplitK):
 
             os.kill(os.getpid(), signal.SIGSEGV)
         super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class HalfPrecisionAccumulator(NumpySplitK):
+    """Keeps the running output in float16 on float16 cases: worse, yet inside the budget.
+
+    Not a conformance failure but an accuracy regression: the drift check must catch it."""
+
+    name = "bug-half-precision-accumulator"
+
+    def accumulator(self, acc, problem):
+        if problem.dtype == np.float16:
+            return acc.astype(np.float16).astype(F32)
+        return acc

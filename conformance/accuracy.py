@@ -1,0 +1,60 @@
+"""Accuracy baselines: per-check errors saved from one run, compared in a later one.
+
+A check whose error grew by more than a factor fails as ``drift/<check>`` even while it is
+still inside its budget: a kernel change that makes accumulation worse shows up before it
+becomes a tolerance failure. Errors below 1% of the budget count as that 1%, so noise at the
+level of rounding does not flag.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from conformance.runner import Result, RunReport
+
+SCHEMA = "paged-decode-conformance/accuracy/1"
+NOISE_FLOOR = 0.01  # of the budget
+
+
+def accuracy_dict(report: RunReport) -> dict:
+    errors: dict[str, dict[str, dict[str, float]]] = {}
+    for result in report.results:
+        if result.error is not None and math.isfinite(result.error) and result.status in (
+                "passed", "known-failure"):
+            errors.setdefault(result.backend, {}).setdefault(result.case, {})[result.check] = \
+                result.error
+    return {"schema": SCHEMA, "profile": report.settings.profile, "errors": errors}
+
+
+def save_accuracy(report: RunReport, path: Path) -> None:
+    path.write_text(json.dumps(accuracy_dict(report), indent=1, sort_keys=True) + "\n")
+
+
+def load_accuracy(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not an accuracy baseline (schema {data.get('schema')!r}, "
+                         f"want {SCHEMA!r})")
+    return data["errors"]
+
+
+def drift_results(report: RunReport, baseline: dict, factor: float) -> list[Result]:
+    """A failed ``drift/<check>`` result for every check whose error grew past ``factor``."""
+    drifted = []
+    for result in report.results:
+        before = baseline.get(result.backend, {}).get(result.case, {}).get(result.check)
+        if before is None or result.error is None or result.budget is None:
+            continue
+        floor = NOISE_FLOOR * result.budget
+        growth = result.error / max(before, floor)
+        if growth > factor and result.error > floor:
+            drifted.append(Result(
+                backend=result.backend, case=result.case, check=f"drift/{result.check}",
+                status="failed", error=result.error, budget=max(before, floor) * factor,
+                message=(f"accuracy drift: error grew {growth:.1f}x ({before:.3g} -> "
+                         f"{result.error:.3g}), past the allowed {factor:g}x; the budget is "
+                         f"{result.budget:.3g}"),
+                reproducer=result.reproducer))
+    return sorted(drifted, key=lambda r: r.error / r.budget, reverse=True)
