@@ -104,26 +104,31 @@ def time_cuda(call: Callable[[], None], graph: bool = True) -> float:
     argument handling, two launches) does not leave the GPU idle inside the timed region;
     a call that cannot be captured is timed as it is.
     """
-    import torch
     from triton.testing import do_bench
 
-    timed = call
-    if graph:
-        call()
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(stream):
-                call()  # warm-up on the side stream, as capture requires
-                cuda_graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cuda_graph, stream=stream):
-                    call()
-            torch.cuda.current_stream().wait_stream(stream)
-            timed = cuda_graph.replay
-        except RuntimeError:
-            torch.cuda.synchronize()
+    timed = capture_graph(call) if graph else call
     return do_bench(timed, warmup=25, rep=200, return_mode="median") / 1e3
+
+
+def capture_graph(call: Callable[[], None]) -> Callable[[], None]:
+    """The call captured in a CUDA graph (its replay), or the call itself if it cannot be."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            call()  # warm-up on the side stream, as capture requires
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph, stream=stream):
+                call()
+        torch.cuda.current_stream().wait_stream(stream)
+        return cuda_graph.replay
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return call
 
 
 def copy_bandwidth() -> float:

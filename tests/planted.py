@@ -256,3 +256,13 @@ class HalfPrecisionAccumulator(NumpySplitK):
         if problem.dtype == np.float16:
             return acc.astype(np.float16).astype(F32)
         return acc
+
+
+class SlowedDown(NumpySplitK):
+    """Correct, but every call does its work three times: a performance regression."""
+
+    name = "bug-slowed-down"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        for _ in range(3):
+            super().decode(problem, out, lse, num_splits=num_splits)

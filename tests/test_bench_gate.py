@@ -1,0 +1,27 @@
+"""The pytest-benchmark gate: a slowed backend fails --benchmark-compare-fail, the same one
+unchanged passes (CPU shapes: the minimum with a wide threshold, because CI machines are
+noisy; the planted slowdown is 3x)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(tmp_path, backend, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
+         "--bench-backend", backend, f"--benchmark-storage={tmp_path}", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_a_slowed_backend_fails_the_gate_and_the_unchanged_one_passes(tmp_path):
+    saved = bench(tmp_path, "numpy", "--benchmark-save=baseline")
+    assert saved.returncode == 0, saved.stdout[-2000:]
+    gate = ("--benchmark-compare=0001", "--benchmark-compare-fail=min:50%")
+    unchanged = bench(tmp_path, "numpy", *gate)
+    assert unchanged.returncode == 0, unchanged.stdout[-2000:] + unchanged.stderr[-2000:]
+    slowed = bench(tmp_path, "tests.planted:SlowedDown", *gate)
+    assert slowed.returncode != 0
+    assert "Performance has regressed" in slowed.stdout + slowed.stderr
