@@ -19,9 +19,12 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 case "${1:-conformance}" in
   conformance)
     python3 -m conformance backends 2>&1 | grep -E "^[a-z]" | tee "$OUT/backends.txt"
+    backends=()
+    for name in ${BACKENDS:-tvm-cuda triton-splitkv triton-paged triton-contiguous}; do
+      backends+=(--backend "$name")
+    done
     timeout "${RUN_TIMEOUT:-420}" python3 -m conformance run --profile full -j 12 \
-      --backend tvm-cuda --backend triton-splitkv --backend triton-paged --backend triton-contiguous \
-      --report-json "$OUT/full-gpu.json" > "$OUT/full-gpu.log" 2>&1
+      "${backends[@]}" --report-json "$OUT/full-gpu.json" > "$OUT/full-gpu.log" 2>&1
     echo "run rc=$?"; grep -v "cases, " "$OUT/full-gpu.log" | head -40 | cut -c1-300
     ;;
   bench)
