@@ -131,6 +131,7 @@ class TvmCuda(TvmBackend):
         if reason:
             return reason
         tvm = kernels.import_tvm()
+        kernels.prepare_cuda_runtime(aot_dir())  # registers TVM's CUDA device API
         if not tvm.cuda(0).exist:
             return "no CUDA device"
         return None
