@@ -131,7 +131,10 @@ class TvmCuda(TvmBackend):
         if reason:
             return reason
         tvm = kernels.import_tvm()
-        kernels.prepare_cuda_runtime(aot_dir())  # registers TVM's CUDA device API
+        try:
+            kernels.prepare_cuda_runtime(aot_dir())  # registers TVM's CUDA device API
+        except OSError as exc:
+            return f"no CUDA driver ({exc})"
         if not tvm.cuda(0).exist:
             return "no CUDA device"
         return None
