@@ -66,6 +66,8 @@ def gpu_copy_rate(backend):
 
 
 def test_decode(benchmark, backend, shape, gpu_copy_rate):
+    if benchmark.disabled:
+        pytest.skip("benchmarks are disabled (--benchmark-disable, or under xdist)")
     call = prepared_call(backend.instance, shape)
     if backend.instance.timing_device() == "cuda":
         from conformance.bench import capture_graph

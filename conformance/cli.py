@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
 
+    drawing = sub.add_parser("html", help="an HTML report with plots from saved JSON reports")
+    drawing.add_argument("--report-json", type=Path, required=True)
+    drawing.add_argument("--bench-json", type=Path, help="results of `bench --report-json`")
+    drawing.add_argument("--out", type=Path, required=True)
+
     building = sub.add_parser("build", help="ahead-of-time build of a backend's kernels")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
@@ -237,6 +242,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_html(args: argparse.Namespace) -> int:
+    import json
+
+    from conformance.html_report import write_html
+
+    report = json.loads(args.report_json.read_text())
+    bench = json.loads(args.bench_json.read_text()) if args.bench_json else None
+    write_html(report, args.out, bench)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     from backends.registry import resolve
     from backends.tvm import kernels
@@ -299,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_bench(args)
         if args.command == "build":
             return _cmd_build(args)
+        if args.command == "html":
+            return _cmd_html(args)
         if args.command == "expectations":
             return _cmd_expectations(args)
         out = args.out or Path(f"{args.name.replace('-', '_')}.py")

@@ -2,6 +2,7 @@
 unchanged passes (CPU shapes: the minimum with a wide threshold, because CI machines are
 noisy; the planted slowdown is 3x)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(tmp_path, backend, *args):
+    # an xdist worker's variables would make pytest-benchmark disable itself in the child
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
          "--bench-backend", backend, f"--benchmark-storage={tmp_path}", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_a_slowed_backend_fails_the_gate_and_the_unchanged_one_passes(tmp_path):
