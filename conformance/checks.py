@@ -364,12 +364,7 @@ def check_merge(trial: Trial) -> list[Outcome]:
                 what="tree vs left-to-right")),
             ("merge/lse-gap", lambda: _lse_gap(trial, a, b)),
         ]
-    for check, run_check in algebra:
-        try:
-            outcomes.append(run_check())
-        except Exception as exc:
-            outcomes.append(Outcome(check, "error", message=describe_exception(exc)))
-    return outcomes
+    return outcomes + run_each(algebra)
 
 
 def _as_pair(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
@@ -457,11 +452,16 @@ def check_invariance(trial: Trial) -> list[Outcome]:
                          lambda: unsupported("invariance/split-count",
                                              "feature split_k not in capabilities")))
     variants.append(("invariance/page-size", lambda: _other_page_size(trial)))
+    return run_each(variants)
+
+
+def run_each(checks: list[tuple[str, Callable[[], Outcome]]]) -> list[Outcome]:
+    """Run sub-checks; one that raises is an ``error`` outcome and the others still run."""
     outcomes = []
-    for check, run_check in variants:
+    for check, run_check in checks:
         try:
             outcomes.append(run_check())
-        except Exception as exc:
+        except Exception as exc:  # a backend fault is a result
             outcomes.append(Outcome(check, "error", message=describe_exception(exc)))
     return outcomes
 

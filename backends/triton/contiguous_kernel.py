@@ -16,6 +16,8 @@ from backends.triton.kernel_common import (
     choose_splits,
     kept_position,
     kept_span,
+    load_scaled_rows,
+    online_softmax_step,
     split_bounds,
 )
 from backends.triton.splitkv_kernel import combine_splits
@@ -41,9 +43,7 @@ def _contiguous_partial_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     row = (b * NUM_QO_HEADS + heads).to(tl.int64)
-    q_rows = tl.load(q + row[:, None] * HEAD_DIM + d[None, :],
-                     mask=h_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-    q_rows = q_rows * scale_log2
+    q_rows = load_scaled_rows(q, row, h_mask, d, d_mask, scale_log2, HEAD_DIM)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -57,14 +57,9 @@ def _contiguous_partial_kernel(
         keys = tl.load(k_cache + offsets, mask=mask, other=0.0).to(tl.float32)
         scores = tl.sum(keys * q_rows[:, None, :], axis=2)
         scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
+        m, total, alpha, p = online_softmax_step(m, total, scores)
         values = tl.load(v_cache + offsets, mask=mask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values, axis=1)
-        m = m_new
     state = row * num_splits + split
     tl.store(part_m + state, m, mask=h_mask)
     tl.store(part_l + state, total, mask=h_mask)

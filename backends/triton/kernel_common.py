@@ -35,6 +35,28 @@ def split_bounds(kept, split, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def online_softmax_step(m, total, scores):
+    """One tile of base-2 scores ``(rows, tokens)`` into the running max and denominator.
+
+    Returns the new max, the new denominator, the factor ``alpha`` to rescale the old
+    accumulator by, and the tile's weights ``p``. Safe when a row has seen only -inf (empty,
+    masked or evicted tokens): nothing computes ``-inf - -inf``."""
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    return m_new, total * alpha + tl.sum(p, axis=1), alpha, p
+
+
+@triton.jit
+def load_scaled_rows(q, row, row_mask, d, d_mask, scale_log2, HEAD_DIM: tl.constexpr):
+    """Query rows ``(rows, BLOCK_D)`` as float32, scaled by sm_scale * log2(e)."""
+    rows = tl.load(q + row[:, None] * HEAD_DIM + d[None, :],
+                   mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    return rows.to(tl.float32) * scale_log2
+
+
+@triton.jit
 def kept_position(i, sinks_kept, window_start):
     """The context position of kept token number ``i``."""
     return tl.where(i < sinks_kept, i, i - sinks_kept + window_start)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import LN2, LOG2E
+from backends.triton.kernel_common import LN2, LOG2E, load_scaled_rows, online_softmax_step
 from backends.triton.validation import check_output_buffers, check_paged_inputs
 
 
@@ -32,9 +32,7 @@ def _paged_decode_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     row = (b * NUM_QO_HEADS + heads).to(tl.int64)
-    q_rows = tl.load(q + row[:, None] * HEAD_DIM + d[None, :],
-                     mask=h_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-    q_rows = q_rows * scale_log2
+    q_rows = load_scaled_rows(q, row, h_mask, d, d_mask, scale_log2, HEAD_DIM)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -54,14 +52,9 @@ def _paged_decode_kernel(
         keys = tl.load(k_pages + offsets, mask=mask, other=0.0).to(tl.float32)
         scores = tl.sum(keys * q_rows[:, None, :], axis=2)  # (H, P)
         scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
+        m, total, alpha, p = online_softmax_step(m, total, scores)
         values = tl.load(v_pages + offsets, mask=mask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values, axis=1)
-        m = m_new
     empty = m == float("-inf")
     result = acc / tl.where(empty, 1.0, total)[:, None]
     tl.store(out + row[:, None] * HEAD_DIM + d[None, :], result.to(out.dtype.element_ty),

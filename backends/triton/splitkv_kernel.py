@@ -18,6 +18,7 @@ from backends.triton.kernel_common import (
     choose_splits,
     kept_position,
     kept_span,
+    online_softmax_step,
     rows_per_program,
     split_bounds,
 )
@@ -63,15 +64,10 @@ def _splitkv_partial_kernel(
         keys = tl.load(k_pages + kv_offsets, mask=kv_mask, other=0.0)
         scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
         scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
+        m, total, alpha, p = online_softmax_step(m, total, scores)
         values = tl.load(v_pages + kv_offsets, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values,
                                             input_precision=DOT_PRECISION)
-        m = m_new
 
     state = (b * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
     tl.store(part_m + state, m, mask=row_mask)
