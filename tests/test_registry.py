@@ -1,0 +1,43 @@
+"""Where backends come from: built-ins, installed plugins (entry points), module:Class."""
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from backends import registry
+from conformance.parallel import gpu_environment
+
+
+def test_an_installed_plugin_is_found_through_its_entry_point(monkeypatch):
+    plugin = EntryPoint(name="my-kernel", value="tests.planted:WindowOffByOne",
+                        group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: [plugin] if group == registry.ENTRY_POINT_GROUP else [])
+    assert "my-kernel" in registry.known_backends()
+    cls = registry.resolve("my-kernel")
+    assert cls.__name__ == "WindowOffByOne"
+    assert registry.backend_label("my-kernel", cls) == "my-kernel"
+
+
+def test_builtins_resolve_without_importing_their_dependencies():
+    for name, target in registry.BUILTINS.items():
+        assert ":" in target, name
+    assert registry.resolve("numpy").name == "numpy"
+
+
+@pytest.mark.parametrize("name,fragment", [
+    ("nope", "registered:"),
+    ("tests.planted:NoSuchClass", "is not a Backend subclass"),
+    ("missing/file.py:Backend", "does not exist"),
+])
+def test_bad_names_say_what_is_valid(name, fragment):
+    with pytest.raises(registry.UnknownBackendError, match=fragment):
+        registry.resolve(name)
+
+
+def test_workers_are_spread_one_per_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert [gpu_environment(i)["CUDA_VISIBLE_DEVICES"] for i in range(5)] == \
+        ["0", "1", "2", "0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert gpu_environment(0) == {}  # one GPU: nothing to spread

@@ -1,0 +1,71 @@
+"""The Triton wrappers refuse bad input with a ValueError naming the argument, before launch."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+    pytest.skip("triton or torch is not installed (pip install -e '.[triton]')",
+                allow_module_level=True)
+
+from backends.triton import runtime
+
+runtime.select_mode()  # the interpreter on a CPU machine, before triton is imported
+import torch  # noqa: E402
+
+from backends.triton.merge_kernel import merge_states  # noqa: E402
+from backends.triton.paged_kernel import paged_decode  # noqa: E402
+from backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
+from conformance.problem import materialise  # noqa: E402
+from conformance.spec import Case  # noqa: E402
+
+CASE = Case(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
+            dtype="float16", context_lens=(5, 9))
+
+
+def inputs():
+    problem = materialise(CASE)
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+               problem.arrays().items()}
+    tensors["out"] = torch.empty(problem.q.shape, dtype=torch.float16)
+    tensors["lse"] = torch.empty(problem.q.shape[:2], dtype=torch.float32)
+    return problem, tensors
+
+
+def call(kernel, tensors, **kwargs):
+    kernel(tensors["q"], tensors["k_pages"], tensors["v_pages"], tensors["block_table"],
+           tensors["context_lens"], tensors["out"], tensors["lse"], sm_scale=0.25, **kwargs)
+
+
+@pytest.mark.parametrize("kernel", [splitkv_decode, paged_decode])
+@pytest.mark.parametrize("change,fragment", [
+    (lambda t: t.update(q=t["q"].float()), "k_pages: expected dtype float32"),
+    (lambda t: t.update(v_pages=t["v_pages"][:, :, :1].contiguous()), "v_pages: expected shape"),
+    (lambda t: t.update(block_table=t["block_table"].long()), "block_table: expected dtype int32"),
+    (lambda t: t["block_table"].__setitem__((0, 0), 10_000), "block id 10000 is past the pool"),
+    (lambda t: t["context_lens"].__setitem__(0, 10_000), "context_lens: 10000 tokens"),
+    (lambda t: t.update(out=t["out"][:1]), "out: expected shape"),
+    (lambda t: t.update(lse=t["lse"].half()), "lse: expected dtype float32"),
+    (lambda t: t.update(k_pages=t["k_pages"].transpose(1, 2)), "must be contiguous"),
+])
+def test_bad_argument_is_named(kernel, change, fragment):
+    _, tensors = inputs()
+    change(tensors)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        call(kernel, tensors)
+
+
+def test_bad_window_and_split_count_are_named():
+    _, tensors = inputs()
+    with pytest.raises(ValueError, match="window: 0"):
+        call(splitkv_decode, tensors, window=0)
+    with pytest.raises(ValueError, match="num_splits: 0"):
+        call(splitkv_decode, tensors, num_splits=0)
+
+
+def test_merge_names_mismatched_states():
+    out = torch.zeros((2, 3, 16), dtype=torch.float16)
+    lse = torch.zeros((2, 3), dtype=torch.float32)
+    with pytest.raises(ValueError, match="lse_b: expected shape"):
+        merge_states(out, lse, out.clone(), lse[:1].contiguous(), out.clone(), lse.clone())
