@@ -10,7 +10,7 @@ from pathlib import Path
 
 from backends.registry import UnknownBackendError, known_backends
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
-from conformance.checks import CHECK_FAMILIES
+from conformance.checks import CHECK_FAMILIES, describe_exception
 from conformance.manifest import ManifestError
 from conformance.report import write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
@@ -212,10 +212,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     results = []
     header = f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}"
     print(header)
+    failed = 0
     for backend in backends:
         for shape in shapes:
-            result = bench(backend.instance, backend.label, shape, args.rounds,
-                           copy_rate if backend.instance.timing_device() == "cuda" else None)
+            try:
+                result = bench(backend.instance, backend.label, shape, args.rounds,
+                               copy_rate if backend.instance.timing_device() == "cuda" else None)
+            except Exception as exc:  # one backend's fault must not lose the other results
+                failed += 1
+                print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",
+                      flush=True)
+                continue
             results.append(result)
             share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy else \
                 "      -"
@@ -239,7 +246,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
              "copy_bytes_per_s": copy_rate, "results": [r.as_dict() for r in results]},
             indent=1) + "\n")
         print(f"JSON: {args.report_json}")
-    return 0
+    return 1 if failed else 0
 
 
 def _cmd_html(args: argparse.Namespace) -> int:
