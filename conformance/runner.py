@@ -6,7 +6,6 @@ unsupported cases, faults and the expectation manifest already applied.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from backends.base import Backend
 from backends.registry import backend_label, resolve
 from conformance.checks import CHECK_FAMILIES, Outcome, Trial, describe_exception
-from conformance.manifest import Manifest, apply, load_manifest
+from conformance.manifest import Manifest, apply, glob_match, load_manifest
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
 
 FAILING = ("failed", "error", "unexpected-pass")
@@ -82,10 +81,7 @@ def open_backend(name: str, manifest_dir: Path | None = None) -> BackendRun:
 
 def pattern_matcher(pattern: str) -> Callable[[str], bool]:
     """Substring match; ``*`` and ``?`` are wildcards (brackets in ids are literal)."""
-    if "*" not in pattern and "?" not in pattern:
-        return lambda text: pattern in text
-    regex = re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."))
-    return lambda text: regex.search(text) is not None
+    return lambda text: glob_match(f"*{pattern}*", text)
 
 
 def select_cases(spec: Spec, profile: str, patterns: Iterable[str] = (),
