@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from backends.triton.kernel_common import LN2, LOG2E, load_scaled_rows, online_softmax_step
-from backends.triton.validation import check_output_buffers, check_paged_inputs
+from backends.triton.validation import paged_shapes
 
 
 @triton.jit
@@ -67,12 +67,9 @@ def paged_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                  sm_scale: float, window: int | None = None, sinks: int = 0,
                  validate: bool = True) -> None:
     """Same contract as ``splitkv_decode``, without splits."""
-    batch, hq, hkv, head_dim, page_size = (
-        check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
-                           sinks=sinks) if validate else
-        (q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]))
-    if validate:
-        check_output_buffers(q, out, lse)
+    batch, hq, hkv, head_dim, page_size = paged_shapes(
+        q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
+        validate=validate)
     if batch == 0:
         return
     block_h = hq if q.device.type == "cpu" else 1

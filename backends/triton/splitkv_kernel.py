@@ -22,7 +22,7 @@ from backends.triton.kernel_common import (
     rows_per_program,
     split_bounds,
 )
-from backends.triton.validation import check_output_buffers, check_paged_inputs
+from backends.triton.validation import paged_shapes
 
 
 @triton.jit
@@ -138,12 +138,10 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     """
     import torch
 
-    batch, hq, hkv, head_dim, page_size = (
-        check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
-                           sinks=sinks) if validate else
-        (q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]))
+    batch, hq, hkv, head_dim, page_size = paged_shapes(
+        q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
+        validate=validate)
     if validate:
-        check_output_buffers(q, out, lse)
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be at least 1")
     group = hq // hkv

@@ -80,3 +80,15 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
 def check_output_buffers(q, out, lse) -> None:
     check_tensor("out", out, shape=tuple(q.shape), dtype=q.dtype, device=q.device)
     check_tensor("lse", lse, shape=tuple(q.shape[:2]), float32=True, device=q.device)
+
+
+def paged_shapes(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
+                 window: int | None, sinks: int, validate: bool) -> tuple[int, ...]:
+    """(batch, qo heads, kv heads, head dim, page size), every argument checked first unless
+    ``validate`` is off (the benchmarked launch, after one checked call)."""
+    if not validate:
+        return q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]
+    shapes = check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
+                                sinks=sinks)
+    check_output_buffers(q, out, lse)
+    return shapes
