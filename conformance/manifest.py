@@ -47,17 +47,14 @@ class Manifest:
     backend: str
     entries: list[Expectation] = field(default_factory=list)
     path: Path | None = None
-    used: set[int] = field(default_factory=set)
 
     def lookup(self, case_id: str, check: str) -> Expectation | None:
-        for index, entry in enumerate(self.entries):
-            if entry.matches(case_id, check):
-                self.used.add(index)
-                return entry
-        return None
+        return next((e for e in self.entries if e.matches(case_id, check)), None)
 
-    def stale(self) -> list[Expectation]:
-        return [e for i, e in enumerate(self.entries) if i not in self.used]
+    def stale(self, checked: list[tuple[str, str]]) -> list[Expectation]:
+        """Entries that match none of the (case id, check) pairs a run produced."""
+        return [e for e in self.entries
+                if not any(e.matches(case_id, check) for case_id, check in checked)]
 
     def placeholders(self) -> list[Expectation]:
         return [e for e in self.entries if e.reason == PLACEHOLDER]

@@ -176,7 +176,8 @@ class RunReport:
         """Manifest entries that matched nothing (meaningful only in an unfiltered run)."""
         if self.settings.filtered:
             return []
-        return [(b, e) for b in self.backends for e in b.manifest.stale()]
+        return [(b, e) for b in self.backends for e in b.manifest.stale(
+            [(r.case, r.check) for r in self.results if r.backend == b.label])]
 
     def manifest_problems(self) -> list[str]:
         """What --strict-manifest fails on: stale entries and unfilled placeholder reasons."""
