@@ -1,6 +1,7 @@
 """The pytest-benchmark gate: a slowed backend fails --benchmark-compare-fail, the same one
-unchanged passes (CPU shapes: the minimum with a wide threshold, because CI machines are
-noisy; the planted slowdown is 3x)."""
+unchanged passes. CPU shapes, gated on the minimum with a wide threshold: this test shares
+two cores with the rest of the suite under xdist (an unchanged backend was measured 1.5x slower
+there), and the planted slowdown is 10x."""
 
 import os
 import subprocess
@@ -22,7 +23,7 @@ def bench(tmp_path, backend, *args):
 def test_a_slowed_backend_fails_the_gate_and_the_unchanged_one_passes(tmp_path):
     saved = bench(tmp_path, "numpy", "--benchmark-save=baseline")
     assert saved.returncode == 0, saved.stdout[-2000:]
-    gate = ("--benchmark-compare=0001", "--benchmark-compare-fail=min:50%")
+    gate = ("--benchmark-compare=0001", "--benchmark-compare-fail=min:200%")
     unchanged = bench(tmp_path, "numpy", *gate)
     assert unchanged.returncode == 0, unchanged.stdout[-2000:] + unchanged.stderr[-2000:]
     slowed = bench(tmp_path, "tests.planted:SlowedDown", *gate)
