@@ -43,14 +43,6 @@ class KernelKey:
                 f"{'-sw' if self.sliding_window else ''}.so")
 
 
-def decode_key(target: str, problem_shape: dict) -> KernelKey:
-    return KernelKey("decode", target, **problem_shape)
-
-
-def merge_key(target: str, num_heads: int, head_dim: int, dtype: str) -> KernelKey:
-    return KernelKey("merge", target, num_heads, num_heads, head_dim, dtype)
-
-
 def has_compiler() -> bool:
     """Whether the installed tvm carries its compiler library (else: runtime only)."""
     spec = importlib.util.find_spec("tvm")
