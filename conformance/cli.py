@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -176,6 +177,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     baseline = load_accuracy(args.compare_accuracy) if args.compare_accuracy else None
+    signal.signal(signal.SIGTERM, _interrupt)  # a timeout's TERM still writes the reports
     report = run(backends, cases, settings, Progress(), jobs=jobs)
     if baseline is not None:
         report.results.extend(drift_results(report, baseline, args.drift_factor))
@@ -192,7 +194,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if path:
             writer(report, path)
             print(f"wrote {path}")
+    if report.interrupted:
+        return 130
     return 0 if report.ok else 1
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -52,6 +52,9 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
     print(file=stream)
     print(f"profile {report.settings.profile}: {len(report.cases)} cases, "
           f"{len(report.results)} checks", file=stream)
+    if report.interrupted:
+        print(f"INTERRUPTED: {report.interrupted}; the results below are partial",
+              file=stream)
     for line in matrix_lines(report):
         print("  " + line, file=stream)
     print("  " + LEGEND, file=stream)
@@ -104,6 +107,7 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "backends": [b.describe() for b in report.backends],
         "summary": summary,
         "ok": report.ok,
+        "interrupted": report.interrupted,
         "results": results,
         "stale_expectations": [
             {"backend": b.label, "case": e.case, "check": e.check, "reason": e.reason,

@@ -167,14 +167,15 @@ class RunReport:
     cases: list[Case]
     results: list[Result] = field(default_factory=list)
     strict_manifest: bool = False
+    interrupted: str = ""  # why the run stopped early, if it did
 
     @property
     def failures(self) -> list[Result]:
         return [r for r in self.results if r.status in FAILING]
 
     def stale_expectations(self) -> list[tuple[BackendRun, object]]:
-        """Manifest entries that matched nothing (meaningful only in an unfiltered run)."""
-        if self.settings.filtered:
+        """Manifest entries that matched nothing (meaningful only in a whole run)."""
+        if self.settings.filtered or self.interrupted:
             return []
         return [(b, e) for b in self.backends for e in b.manifest.stale(
             [(r.case, r.check) for r in self.results if r.backend == b.label])]
@@ -189,7 +190,8 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not (self.strict_manifest and self.manifest_problems())
+        return not self.interrupted and not self.failures and not (
+            self.strict_manifest and self.manifest_problems())
 
 
 def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> list[Result]:
@@ -227,14 +229,18 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
             backend, case = tasks[index]
             progress(len(collected), len(tasks), f"{backend.label} {case.id}")
 
-    if jobs > 1 and len(tasks) > 1:
-        from conformance.parallel import run_tasks
+    try:
+        if jobs > 1 and len(tasks) > 1:
+            from conformance.parallel import run_tasks
 
-        run_tasks([(b.target, c) for b, c in tasks], settings, jobs, done)
-    else:
-        for index, (backend, case) in enumerate(tasks):
-            done(index, evaluate_case(backend, case, settings))
-    report.results = [r for index in range(len(tasks)) for r in collected[index]]
+            run_tasks([(b.target, c) for b, c in tasks], settings, jobs, done)
+        else:
+            for index, (backend, case) in enumerate(tasks):
+                done(index, evaluate_case(backend, case, settings))
+    except KeyboardInterrupt:  # Ctrl-C or a timeout's SIGTERM: keep what finished
+        report.interrupted = f"interrupted after {len(collected)} of {len(tasks)} cases"
+    report.results = [r for index in range(len(tasks)) if index in collected
+                      for r in collected[index]]
     return report
 
 

@@ -135,3 +135,23 @@ def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
     assert all("worker process died (signal 11)" in r["message"] for r in errors)
     assert {r["case"] for r in results} == set(
         cli("list", "--profile", "smoke").stdout.split())
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
+    import signal
+    import time
+
+    report = tmp_path / "partial.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "run", "--backend", "tests.planted:SlowedDown",
+         "--profile", "ci", "-j", jobs, "--report-json", str(report)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)  # long enough for a few cases, even on a loaded machine
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "INTERRUPTED: interrupted after" in stdout
+    data = json.loads(report.read_text())
+    assert data["interrupted"].startswith("interrupted after") and not data["ok"]
+    assert 0 < len({r["case"] for r in data["results"]}) < 168
