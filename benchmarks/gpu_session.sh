@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What was run on the H200 (the device image: python3 3.12, torch, triton; no apache-tvm).
-# Carried next to the repository: .whl/ (the apache-tvm-ffi wheel for cp312), .tvm-runtime/
-# (the tvm package without libtvm_compiler.so) and .aot/ (python -m conformance build tvm
-# --target cuda --profile full --out .aot, made on a CPU machine). Results go to $OUT.
-#   bash benchmarks/gpu_session.sh conformance   # full profile, Triton and TVM CUDA backends
-#   bash benchmarks/gpu_session.sh bench         # benchmarks of the GPU shapes
+# For tvm-cuda, carry next to the repository: .whl/ (the apache-tvm-ffi wheel for cp312),
+# .tvm-runtime/ (the tvm package without libtvm_compiler.so) and .aot/ (python -m conformance
+# build tvm --target cuda --profile full --out .aot, made on a CPU machine). Results go to $OUT.
+#   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
+#   bash benchmarks/gpu_session.sh bench               # CLI benchmarks of the GPU shapes
+#   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -18,19 +19,53 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 
 case "${1:-conformance}" in
   conformance)
-    python3 -m conformance backends 2>&1 | grep -E "^[a-z]" | tee "$OUT/backends.txt"
+    { nvidia-smi -L || echo "no nvidia-smi"; } | tee "$OUT/backends.txt"
+    python3 -m conformance backends 2>&1 | grep -E "^[a-z]" | tee -a "$OUT/backends.txt"
     backends=()
     for name in ${BACKENDS:-tvm-cuda triton-splitkv triton-paged triton-contiguous}; do
       backends+=(--backend "$name")
     done
-    timeout "${RUN_TIMEOUT:-420}" python3 -m conformance run --profile full -j 12 \
-      "${backends[@]}" --report-json "$OUT/full-gpu.json" > "$OUT/full-gpu.log" 2>&1
-    echo "run rc=$?"; grep -v "cases, " "$OUT/full-gpu.log" | head -40 | cut -c1-300
+    # Which GPU each worker process uses, sampled while the runs go (one worker per GPU).
+    while sleep 5; do
+      nvidia-smi --query-compute-apps=timestamp,gpu_uuid,pid --format=csv,noheader
+    done > "$OUT/gpu-apps.csv" 2>/dev/null &
+    sampler=$!
+    deadline=$(( $(date +%s) + ${TOTAL_TIMEOUT:-100000} ))  # keep inside a device call's limit
+    for run in $(seq "${RUNS:-1}"); do
+      limit=$(( deadline - $(date +%s) ))
+      (( limit > ${RUN_TIMEOUT:-420} )) && limit=${RUN_TIMEOUT:-420}
+      (( limit < 30 )) && { echo "run $run not started: no time left" | tee -a "$OUT/runs.txt"; break; }
+      accuracy=(--save-accuracy "$OUT/accuracy-1.json")
+      [[ $run -gt 1 ]] && accuracy=(--compare-accuracy "$OUT/accuracy-1.json")
+      start=$(date +%s)
+      timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
+        "${backends[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
+        --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
+      rc=$?
+      echo "run $run rc=$rc $(( $(date +%s) - start )) s" | tee -a "$OUT/runs.txt"
+      grep -v "cases, " "$OUT/full-gpu-$run.log" | tail -25 | cut -c1-300
+      { echo "## run $run (rc=$rc)"; cat "$OUT/summary-$run.md"; grep -v "cases, " "$OUT/full-gpu-$run.log"; } \
+        >> "$OUT/runs.txt" 2>/dev/null
+      rm -f "$OUT/summary-$run.md" "$OUT/full-gpu-$run.log"
+      gzip -f "$OUT/full-gpu-$run.json" 2>/dev/null
+    done
+    kill "$sampler"
+    gzip -f "$OUT/accuracy-1.json" 2>/dev/null
     ;;
   bench)
     timeout 300 python3 -m conformance bench --shapes gpu --rounds 5 --backend triton-splitkv \
       --backend triton-contiguous --backend tvm-cuda --report-json "$OUT/bench-gpu.json"
     timeout 200 python3 -m conformance bench --shapes gpu --rounds 1 --backend triton-paged \
       --report-json "$OUT/bench-gpu-paged.json"
+    ;;
+  pytest-bench)
+    bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
+           --bench-shapes "${BENCH_SHAPES:-gpu}" --benchmark-storage "file://$OUT/benchmarks" --benchmark-columns=median,iqr,min,max)
+    "${bench[@]}" --benchmark-save=base --benchmark-json "$OUT/pytest-bench-base.json"
+    echo "save rc=$?"
+    "${bench[@]}" --benchmark-compare=0001 --benchmark-compare-fail=median:10% \
+      --benchmark-json "$OUT/pytest-bench-compare.json"
+    echo "compare rc=$?"
+    rm -rf "$OUT/benchmarks"
     ;;
 esac

@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     building.add_argument("--profile", default="full")
     building.add_argument("--spec", help="a spec TOML other than the built-in one")
+    building.add_argument("--bench-shapes", metavar="SET",
+                          help="also the kernels of a bench shape set (cpu or gpu, bench.toml)")
     building.add_argument("--out", type=Path, required=True, help="directory to write")
     building.add_argument("--no-fatbin", action="store_true",
                           help="store CUDA source only (compiled by nvcc when loaded)")
@@ -272,11 +274,14 @@ def _cmd_html(args: argparse.Namespace) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     from backends.registry import resolve
     from backends.tvm import kernels
+    from conformance.bench import select_shapes
 
     backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
     settings = RunSettings(profile=args.profile, spec_path=args.spec)
-    cases = [c for c in select_cases(settings.spec(), args.profile)
-             if backend.capabilities.unsupported_reason(c) is None]
+    cases = select_cases(settings.spec(), args.profile)
+    if args.bench_shapes:
+        cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
+    cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
     keys = sorted({k for c in cases for k in kernels.keys_for_case(c, args.target)},
                   key=lambda k: k.filename)
     print(f"building {len(keys)} TVM kernels for {len(cases)} cases of profile "
