@@ -64,7 +64,9 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
     failures = report.failures
     if not failures:
         print("\nno unexpected failures", file=stream)
-        if not report.ok:
+        if report.interrupted:
+            print("but the run was interrupted, so it fails: not every case ran", file=stream)
+        elif not report.ok:
             print("but the manifest problems above fail the run (--strict-manifest)",
                   file=stream)
         return
@@ -161,6 +163,8 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
     """A summary for a CI job page: the matrix, the failures with reproducers, accuracy."""
     lines = [f"## Conformance: profile `{report.settings.profile}`, {len(report.cases)} cases",
              "", "**" + ("PASS" if report.ok else "FAIL") + "**", ""]
+    if report.interrupted:
+        lines += [f"Interrupted ({report.interrupted}): the results below are partial.", ""]
     matrix = [line.split("  ") for line in matrix_lines(report)]
     matrix = [[cell.strip() for cell in row if cell.strip()] for row in matrix]
     lines += ["| " + " | ".join(matrix[0]) + " |", "|" + " --- |" * len(matrix[0])]

@@ -145,13 +145,16 @@ def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
     report = tmp_path / "partial.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "conformance", "run", "--backend", "tests.planted:SlowedDown",
-         "--profile", "ci", "-j", jobs, "--report-json", str(report)],
+         "--profile", "ci", "-j", jobs, "--report-json", str(report),
+         "--summary-md", str(tmp_path / "partial.md")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(12)  # long enough for a few cases, even on a loaded machine
     process.send_signal(signal.SIGTERM)
     stdout, _ = process.communicate(timeout=120)
     assert process.returncode == 130
     assert "INTERRUPTED: interrupted after" in stdout
+    assert "interrupted, so it fails" in stdout and "manifest problems" not in stdout
+    assert "Interrupted (interrupted after" in (tmp_path / "partial.md").read_text()
     data = json.loads(report.read_text())
     assert data["interrupted"].startswith("interrupted after") and not data["ok"]
     assert 0 < len({r["case"] for r in data["results"]}) < 168
