@@ -2,9 +2,10 @@
 # What was run on the H200 (the device image: python3 3.12, torch, triton; no apache-tvm).
 # For tvm-cuda, carry next to the repository: .whl/ (the apache-tvm-ffi wheel for cp312),
 # .tvm-runtime/ (the tvm package without libtvm_compiler.so) and .aot/ (python -m conformance
-# build tvm --target cuda --profile full --out .aot, made on a CPU machine). Results go to $OUT.
+# build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
+# Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
-#   bash benchmarks/gpu_session.sh bench               # CLI benchmarks of the GPU shapes
+#   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 set -uo pipefail
 OUT=${OUT:-gpu-results}
@@ -53,10 +54,12 @@ case "${1:-conformance}" in
     gzip -f "$OUT/accuracy-1.json" 2>/dev/null
     ;;
   bench)
-    timeout 300 python3 -m conformance bench --shapes gpu --rounds 5 --backend triton-splitkv \
-      --backend triton-contiguous --backend tvm-cuda --report-json "$OUT/bench-gpu.json"
-    timeout 200 python3 -m conformance bench --shapes gpu --rounds 1 --backend triton-paged \
-      --report-json "$OUT/bench-gpu-paged.json"
+    backends=()
+    for name in ${BENCH_BACKENDS:-triton-splitkv triton-contiguous triton-paged tvm-cuda}; do
+      backends+=(--backend "$name")
+    done
+    timeout "${BENCH_TIMEOUT:-400}" python3 -m conformance bench --shapes gpu \
+      --rounds "${ROUNDS:-5}" "${backends[@]}" --report-json "$OUT/bench-gpu.json"
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
