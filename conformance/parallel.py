@@ -36,6 +36,12 @@ def gpu_environment(worker: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": devices[worker % len(devices)]}
 
 
+def xdist_worker_environment() -> dict[str, str]:
+    """The same spread for pytest-xdist's workers (gw0, gw1, ...)."""
+    index = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    return gpu_environment(int(index)) if index.isdigit() else {}
+
+
 def _worker(conn: Connection, settings, manifest_dir, env: dict[str, str]) -> None:
     os.environ.update(env)
     from conformance.runner import evaluate_case, open_backend

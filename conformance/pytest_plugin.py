@@ -8,6 +8,7 @@ and a reproducer. With ``--backend`` given, only conformance tests are collected
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.manifest import ManifestError
+from conformance.parallel import xdist_worker_environment
 from conformance.runner import (
     BackendRun,
     RunSettings,
@@ -46,6 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
+    os.environ.update(xdist_worker_environment())  # before anything touches CUDA
     session = _session(config)
     try:
         check_families(session.settings.families)

@@ -5,7 +5,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from backends import registry
-from conformance.parallel import gpu_environment
+from conformance.parallel import gpu_environment, xdist_worker_environment
 
 
 def test_an_installed_plugin_is_found_through_its_entry_point(monkeypatch):
@@ -41,3 +41,11 @@ def test_workers_are_spread_one_per_gpu(monkeypatch):
         ["0", "1", "2", "0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     assert gpu_environment(0) == {}  # one GPU: nothing to spread
+
+
+def test_xdist_workers_are_spread_one_per_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    assert xdist_worker_environment() == {"CUDA_VISIBLE_DEVICES": "5"}
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert xdist_worker_environment() == {}  # not under xdist: leave the GPUs alone
