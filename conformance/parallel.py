@@ -8,6 +8,7 @@ takes the next one.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -18,17 +19,29 @@ from conformance.spec import Case
 Task = tuple[str, Case]  # (backend target, case)
 
 
+def gpu_count() -> int:
+    """GPUs the driver sees, asked of NVML: CUDA reads CUDA_VISIBLE_DEVICES once, when it is
+    initialised, so counting through CUDA (``torch.cuda.is_available()`` does) in a worker
+    would pin that worker to every GPU before its own device is chosen."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    count = ctypes.c_uint(0)
+    try:
+        found = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+    finally:
+        nvml.nvmlShutdown()
+    return count.value if found else 0
+
+
 def gpu_environment(worker: int) -> dict[str, str]:
     """One GPU per worker, round-robin, when the machine has several (CUDA_VISIBLE_DEVICES)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        try:
-            import torch  # only to count GPUs; the parent never initialises CUDA otherwise
-
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except ImportError:
-            count = 0
-        devices = [str(i) for i in range(count)]
+        devices = [str(i) for i in range(gpu_count())]
     else:
         devices = [d for d in visible.split(",") if d.strip()]
     if len(devices) < 2:

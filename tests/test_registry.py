@@ -1,11 +1,17 @@
 """Where backends come from: built-ins, installed plugins (entry points), module:Class."""
 
+import os
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 
 from backends import registry
 from conformance.parallel import gpu_environment, xdist_worker_environment
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_an_installed_plugin_is_found_through_its_entry_point(monkeypatch):
@@ -49,3 +55,16 @@ def test_xdist_workers_are_spread_one_per_gpu(monkeypatch):
     assert xdist_worker_environment() == {"CUDA_VISIBLE_DEVICES": "5"}
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     assert xdist_worker_environment() == {}  # not under xdist: leave the GPUs alone
+
+
+def test_choosing_a_gpu_does_not_touch_cuda():
+    """CUDA fixes the visible devices when it starts: a worker that asked torch how many GPUs
+    there are before choosing its own would stay on all of them (seen with pytest -n on two
+    H200s: every worker on GPU 0)."""
+    code = ("import sys; from conformance import parallel; parallel.gpu_environment(1);"
+            "parallel.xdist_worker_environment(); print('torch' in sys.modules)")
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"
