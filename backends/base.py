@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from conformance.dtypes import DTYPES
+
 if TYPE_CHECKING:
     from conformance.problem import Problem
     from conformance.spec import Case
@@ -49,6 +51,17 @@ class Capabilities:
     deterministic: bool = True
 
     def __post_init__(self) -> None:
+        # a typo here would claim nothing and pass everything as unsupported: refuse it
+        unknown_dtypes = set(self.dtypes) - set(DTYPES)
+        if unknown_dtypes:
+            raise ValueError(f"Capabilities.dtypes: unknown {sorted(unknown_dtypes)}; known: "
+                             f"{', '.join(DTYPES)}")
+        for name in ("head_dims", "page_sizes", "group_sizes"):
+            sizes = getattr(self, name)
+            if sizes is not None and (not sizes or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
+                raise ValueError(f"Capabilities.{name} must be None (any) or positive integers, "
+                                 f"got {sorted(sizes, key=str)!r}")
         unknown = set(self.features) - set(FEATURES)
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {sorted(unknown)}; known: "

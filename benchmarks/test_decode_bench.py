@@ -62,19 +62,19 @@ def backend(request):
 
 @pytest.fixture(scope="session")
 def gpu_copy_rate(backend):
-    return copy_bandwidth() if backend.instance.timing_device() == "cuda" else None
+    return copy_bandwidth() if backend.instance().timing_device() == "cuda" else None
 
 
 def test_decode(benchmark, backend, shape, gpu_copy_rate):
     if benchmark.disabled:
         pytest.skip("benchmarks are disabled (--benchmark-disable, or under xdist)")
-    call = prepared_call(backend.instance, shape)
-    if backend.instance.timing_device() == "cuda":
+    call = prepared_call(backend.instance(), shape)
+    if backend.instance().timing_device() == "cuda":
         from conformance.bench import capture_graph
 
         clock = GpuClock()
         benchmark._timer = clock  # pytest-benchmark reads its clock from here
-        target = clock.timed(capture_graph(call) if backend.instance.capturable else call)
+        target = clock.timed(capture_graph(call) if backend.instance().capturable else call)
         benchmark.pedantic(target, rounds=50, iterations=1, warmup_rounds=5)
     else:
         benchmark.pedantic(call, rounds=15, iterations=1, warmup_rounds=2)

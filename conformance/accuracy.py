@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from conformance.inputs import InputError, read_json, write_atomically
 from conformance.runner import Result, RunReport
 
 SCHEMA = "paged-decode-conformance/accuracy/1"
@@ -29,14 +30,15 @@ def accuracy_dict(report: RunReport) -> dict:
 
 
 def save_accuracy(report: RunReport, path: Path) -> None:
-    path.write_text(json.dumps(accuracy_dict(report), indent=1, sort_keys=True) + "\n")
+    write_atomically(path, json.dumps(accuracy_dict(report), indent=1, sort_keys=True) + "\n")
 
 
 def load_accuracy(path: Path) -> dict:
-    data = json.loads(path.read_text())
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not an accuracy baseline (schema {data.get('schema')!r}, "
-                         f"want {SCHEMA!r})")
+    data = read_json(path, "accuracy baseline")
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA or not isinstance(data.get("errors"), dict):
+        raise InputError(f"accuracy baseline {str(path)!r}: not an accuracy baseline (schema "
+                         f"{schema!r}, want {SCHEMA!r})")
     return data["errors"]
 
 

@@ -9,25 +9,23 @@ not apply to the case (batch order for a batch of one) is simply not emitted.
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 
-from backends.base import AttentionState, Backend
+from backends.base import AttentionState
 from conformance.dtypes import numpy_dtype
 from conformance.problem import (
     POISONS,
     LogicalKV,
     Problem,
-    fingerprint,
     logical_kv,
     materialise,
     poisoned_outputs,
 )
+from conformance.sandbox import BackendHandle, ContractError, describe_exception
 from conformance.spec import Case, with_changes
 from conformance.tolerances import RATIO, Budget, lse_error, output_error, table_budget
 from references import decode_reference, merge_reference
@@ -62,26 +60,13 @@ class Run:
         return AttentionState(out=self.out, lse=self.lse)
 
 
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-def describe_exception(exc: BaseException) -> str:
-    """The exception, where it was raised, and the last project frame on the way there."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = ""
-    if frames:
-        where = f" (at {frames[-1].filename}:{frames[-1].lineno}"
-        ours = [f for f in frames if f.filename.startswith(PROJECT_ROOT)]
-        if ours and ours[-1] is not frames[-1]:
-            where += f", from {ours[-1].filename}:{ours[-1].lineno}"
-        where += ")"
-    return f"{type(exc).__name__}: {exc}{where}"
-
-
 class Trial:
-    """Everything the checks of one backend on one case share, computed at most once."""
+    """Everything the checks of one backend on one case share, computed at most once.
 
-    def __init__(self, backend: Backend, case: Case):
+    The backend is reached only through its handle, which hands it copies: the problem, the
+    oracle and the fingerprints here are never seen by the code under test."""
+
+    def __init__(self, backend: BackendHandle, case: Case):
         self.backend = backend
         self.case = case
 
@@ -116,34 +101,35 @@ class Trial:
         return self.backend.capabilities.features
 
     def decode(self, problem: Problem, poison: float = POISONS[0],
-               num_splits: int | None = None) -> Run:
+               num_splits: int | None = None, meanwhile: Callable[[], object] | None = None
+               ) -> Run:
+        """One poisoned decode call; ``meanwhile`` runs here while the backend works."""
         out, lse = poisoned_outputs(problem, poison)
-        before = fingerprint(problem.arrays())
         try:
-            self.backend.decode(problem, out, lse,
-                                num_splits=num_splits if num_splits else self.case.num_splits)
+            result = self.backend.submit_decode(
+                problem, out, lse, num_splits if num_splits else self.case.num_splits)
         except Exception as exc:  # a backend fault is a result, not a crash of the run
             return Run(exception=describe_exception(exc))
-        after = fingerprint(problem.arrays())
-        mutated = tuple(name for name in before if before[name] != after[name])
+        if meanwhile is not None:
+            meanwhile()
+        try:
+            out, lse, mutated = result()
+        except Exception as exc:
+            return Run(exception=describe_exception(exc))
         return Run(out=out, lse=lse, mutated=mutated)
 
     @cached_property
     def first_run(self) -> Run:
-        return self.decode(self.problem, POISONS[0])
+        # the backend gets its own copy of the problem; the oracle works on this one meanwhile
+        return self.decode(self.problem, POISONS[0], meanwhile=lambda: self.budget)
 
     @cached_property
     def second_run(self) -> Run:
         return self.decode(self.problem, POISONS[1])
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        before = fingerprint({"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse})
-        merged = self.backend.merge(a, b)
-        after = fingerprint({"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse})
-        changed = [name for name in before if before[name] != after[name]]
-        if changed:
-            raise AssertionError(f"merge modified its inputs: {', '.join(changed)}")
-        return merged
+        """The backend's merge; a result outside the contract raises ``ContractError``."""
+        return self.backend.merge(a, b)
 
     def empty_state(self) -> AttentionState:
         shape = self.problem.q.shape
@@ -189,12 +175,27 @@ def locate(got: np.ndarray, want: np.ndarray) -> str:
     return f" at [batch {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
 
 
+def fault_outcome(check: str, exc: Exception) -> Outcome:
+    """A sub-check that raised: ``failed`` when the backend broke the contract, else ``error``."""
+    status = "failed" if isinstance(exc, ContractError) else "error"
+    return Outcome(check, status, message=describe_exception(exc))
+
+
 def errored(check: str, run: Run) -> Outcome | None:
     return Outcome(check, "error", message=run.exception) if run.exception else None
 
 
 def unsupported(check: str, reason: str) -> Outcome:
     return Outcome(check, "unsupported", message=reason)
+
+
+# Offsets from a case's seed for the layouts the checks make, so no two draw the same pages.
+SEEDS = {"wide-table": 1, "reshuffle": 2, "batch-order": 3, "neighbours": 4,
+         "neighbour-layout": 5, "gqa-as-mha": 6, "page-size": 7, "segment": 10}
+
+
+def seed(case: Case, use: str) -> int:
+    return case.seed + SEEDS[use]
 
 
 # --- families --------------------------------------------------------------------------------
@@ -302,13 +303,20 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
     logical, problem = trial.logical, trial.problem
     kept = [problem.kept(b) for b in range(problem.batch)]
     cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
-    states = []
-    for j in range(len(cuts[0]) - 1):
+    count = len(cuts[0]) - 1
+
+    def segment(j: int) -> Problem:
         rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
         keys = tuple(k[r] for k, r in zip(logical.keys, rows, strict=True))
         values = tuple(v[r] for v, r in zip(logical.values, rows, strict=True))
-        segment = LogicalKV(q=logical.q, keys=keys, values=values, sm_scale=logical.sm_scale)
-        run = trial.decode(segment.lay_out(problem.page_size, trial.case.seed + 10 + j))
+        part = LogicalKV(q=logical.q, keys=keys, values=values, sm_scale=logical.sm_scale)
+        return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
+
+    states, laid = [], [segment(0)]
+    for j in range(count):
+        # lay out the next segment while the backend decodes this one
+        run = trial.decode(laid[j], meanwhile=(lambda j=j: laid.append(segment(j + 1)))
+                           if j + 1 < count else None)
         if run.exception:
             return f"segment {j} ({scheme} cuts): {run.exception}"
         states.append(run.state)
@@ -346,7 +354,7 @@ def check_merge(trial: Trial) -> list[Outcome]:
                                     what=f"{len(states)} segments merged vs oracle")
             outcomes.append(outcome)
         except Exception as exc:
-            outcomes.append(Outcome(check, "error", message=describe_exception(exc)))
+            outcomes.append(fault_outcome(check, exc))
     empty = trial.empty_state()
     algebra: list[tuple[str, Callable[[], Outcome]]] = [
         ("merge/identity", lambda: _identity(trial, base.state, empty)),
@@ -430,17 +438,18 @@ def check_invariance(trial: Trial) -> list[Outcome]:
     variants: list[tuple[str, Callable[[], Outcome]]] = [
         ("invariance/reshuffle", lambda: _same_answer(
             trial, "invariance/reshuffle",
-            logical.lay_out(case.page_size, case.seed + 2, pad, shared))),
+            logical.lay_out(case.page_size, seed(case, "reshuffle"), pad, shared))),
         ("invariance/wide-table", lambda: _same_answer(
             trial, "invariance/wide-table",
-            logical.lay_out(case.page_size, case.seed + 1, pad + 50, shared))),
+            logical.lay_out(case.page_size, seed(case, "wide-table"), pad + 50, shared))),
         ("invariance/neighbours", lambda: _neighbours(trial)),
     ]
     if problem.batch > 1:
         order = list(range(problem.batch))[::-1]
         variants.append(("invariance/batch-order", lambda: _same_answer(
             trial, "invariance/batch-order",
-            logical.select(order).lay_out(case.page_size, case.seed + 3, pad), rows=order)))
+            logical.select(order).lay_out(case.page_size, seed(case, "batch-order"), pad),
+            rows=order)))
     if problem.group_size > 1:
         variants.append(("invariance/gqa-as-mha", lambda: _as_mha(trial)))
     if "split_k" in trial.has:
@@ -462,7 +471,7 @@ def run_each(checks: list[tuple[str, Callable[[], Outcome]]]) -> list[Outcome]:
         try:
             outcomes.append(run_check())
         except Exception as exc:  # a backend fault is a result
-            outcomes.append(Outcome(check, "error", message=describe_exception(exc)))
+            outcomes.append(fault_outcome(check, exc))
     return outcomes
 
 
@@ -487,7 +496,7 @@ def _same_answer(trial: Trial, check: str, problem: Problem, rows: list[int] | N
 def _neighbours(trial: Trial) -> Outcome:
     """Each sequence gets new neighbours (fresh sequences of other lengths between its rows)."""
     logical, case = trial.logical, trial.case
-    rng = np.random.default_rng(case.seed + 4)
+    rng = np.random.default_rng(seed(case, "neighbours"))
     dtype = logical.q.dtype
     q, keys, values, keep = [], [], [], []
     for b in range(len(logical.keys)):
@@ -501,7 +510,8 @@ def _neighbours(trial: Trial) -> Outcome:
         values.append(logical.values[b])
     mixed = LogicalKV(q=np.stack(q), keys=tuple(keys), values=tuple(values),
                       sm_scale=logical.sm_scale, window=logical.window, sinks=logical.sinks)
-    problem = mixed.lay_out(case.page_size, case.seed + 5, case.table_padding)
+    problem = mixed.lay_out(case.page_size, seed(case, "neighbour-layout"),
+                             case.table_padding)
     return _same_answer(trial, "invariance/neighbours", problem, keep=keep)
 
 
@@ -515,7 +525,7 @@ def _as_mha(trial: Trial) -> Outcome:
                     values=tuple(np.repeat(v, g, axis=1) for v in logical.values),
                     sm_scale=logical.sm_scale, window=logical.window, sinks=logical.sinks)
     return _same_answer(trial, "invariance/gqa-as-mha",
-                        mha.lay_out(case.page_size, case.seed + 6, case.table_padding))
+                        mha.lay_out(case.page_size, seed(case, "gqa-as-mha"), case.table_padding))
 
 
 def _other_page_size(trial: Trial) -> Outcome:
@@ -524,7 +534,7 @@ def _other_page_size(trial: Trial) -> Outcome:
     for size in candidates:
         if size != case.page_size and not trial.backend.unsupported_reason(
                 with_changes(case, page_size=size)):
-            problem = trial.logical.lay_out(size, case.seed + 7, case.table_padding)
+            problem = trial.logical.lay_out(size, seed(case, "page-size"), case.table_padding)
             return _same_answer(trial, "invariance/page-size", problem)
     return unsupported("invariance/page-size", "no other page size in capabilities")
 

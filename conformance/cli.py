@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import signal
 import sys
 import time
@@ -12,17 +14,56 @@ from pathlib import Path
 from backends.registry import UnknownBackendError, known_backends
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
 from conformance.checks import CHECK_FAMILIES, describe_exception
+from conformance.inputs import check_directory, check_output, read_json, write_atomically
 from conformance.manifest import ManifestError
 from conformance.report import write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
+    DEFAULT_CASE_TIMEOUT,
     RunSettings,
     check_families,
     open_backend,
+    open_backends,
     run,
     select_cases,
 )
 from conformance.skeleton import class_name, write_skeleton
-from conformance.spec import SpecError
+from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError, check_sizes
+
+
+def _jobs(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (one per core) or more, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _add_isolation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-j", "--jobs", type=_jobs, default=1,
+                        help="cases in parallel (0: one per CPU core)")
+    parser.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
+                        metavar="SECONDS",
+                        help=f"kill a backend that spends longer on one case and report the "
+                             f"case as an error (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="call the backend in this process, to debug it with a debugger: "
+                             "no isolation, no case timeout, its output not captured")
+    parser.add_argument("--max-case-mib", type=_positive, default=DEFAULT_MAX_CASE_MIB,
+                        help=f"refuse cases whose arrays would be larger (default "
+                             f"{DEFAULT_MAX_CASE_MIB})")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,9 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     running.add_argument("--junit-xml", type=Path, help="write a JUnit XML report here")
     running.add_argument("--summary-md", type=Path,
                          help="write a Markdown summary (for a CI job page) here")
-    running.add_argument("-j", "--jobs", type=int, default=1,
-                         help="worker processes (0: one per CPU core); a worker killed by a "
-                              "crash is reported as an error for its case")
+    running.add_argument("--allow-empty", action="store_true",
+                         help="do not fail when a backend claims no check of the run")
+    _add_isolation_options(running)
 
     benching = sub.add_parser("bench", help="time backends' kernel calls on named shapes")
     benching.add_argument("--backend", action="append", default=[], required=True,
@@ -73,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     benching.add_argument("--rounds", type=int, default=3,
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
+    benching.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
+                          metavar="SECONDS", help="per shape and backend (0: never)")
+    benching.add_argument("--in-process", action="store_true",
+                          help="time the backend in this process (for a debugger)")
 
     drawing = sub.add_parser("html", help="an HTML report with plots from saved JSON reports")
     drawing.add_argument("--report-json", type=Path, required=True)
@@ -99,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     expectations.add_argument("--spec", help="a spec TOML other than the built-in one")
     expectations.add_argument("--expectations", type=Path,
                               help="directory of expectation manifests (default: expectations/)")
-    expectations.add_argument("-j", "--jobs", type=int, default=1)
+    _add_isolation_options(expectations)
 
     skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
@@ -153,17 +198,33 @@ class Progress:
         self.stream.flush()
 
 
+def _settings(args: argparse.Namespace, **more) -> RunSettings:
+    return RunSettings(profile=args.profile, spec_path=args.spec, manifest_dir=args.expectations,
+                       isolated=not args.in_process, case_timeout=args.case_timeout, **more)
+
+
+def _check_run_inputs(args: argparse.Namespace) -> None:
+    """Every path option, before anything runs: a typo costs a second, not a whole run."""
+    if args.expectations is not None:
+        check_directory(args.expectations, "--expectations")
+    for option in ("report_json", "junit_xml", "summary_md", "save_accuracy"):
+        if getattr(args, option, None) is not None:
+            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    settings = RunSettings(profile=args.profile, spec_path=args.spec,
-                           families=check_families(args.check or CHECK_FAMILIES),
-                           manifest_dir=args.expectations,
-                           filtered=bool(args.patterns or args.case or args.check))
+    _check_run_inputs(args)
+    settings = _settings(args, families=check_families(args.check or CHECK_FAMILIES),
+                         filtered=bool(args.patterns or args.case or args.check),
+                         allow_empty=args.allow_empty)
     cases = select_cases(settings.spec(), args.profile, args.patterns, args.case)
     if not cases:
         print("error: no case matches the selection", file=sys.stderr)
         return 2
+    check_sizes(cases, args.max_case_mib)
+    baseline = load_accuracy(args.compare_accuracy) if args.compare_accuracy else None
     if args.backend:
-        backends = [open_backend(name, args.expectations) for name in args.backend]
+        backends = open_backends(args.backend, args.expectations)
         unavailable = [b for b in backends if b.reason]
         for backend in unavailable:
             print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
@@ -171,87 +232,97 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if unavailable:
             return 2
     else:
-        backends = [open_backend(name, args.expectations) for name in sorted(known_backends())]
+        backends = open_backends(sorted(known_backends()), args.expectations)
         for backend in backends:
             if backend.reason:
                 print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
         backends = [b for b in backends if b.reason is None]
     started = time.monotonic()
-    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
-    baseline = load_accuracy(args.compare_accuracy) if args.compare_accuracy else None
     signal.signal(signal.SIGTERM, _interrupt)  # a timeout's TERM still writes the reports
-    report = run(backends, cases, settings, Progress(), jobs=jobs)
+    signal.signal(signal.SIGINT, _interrupt)
+    report = run(backends, cases, settings, Progress(), jobs=_job_count(args.jobs))
+    # From here on the reports are written whole: a second Ctrl-C or TERM waits for them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     if baseline is not None:
         report.results.extend(drift_results(report, baseline, args.drift_factor))
     report.strict_manifest = args.strict_manifest
     write_terminal(report, sys.stdout)
     print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
           f"{', '.join(b.label for b in backends)}")
-    if jobs == 1:
-        for backend in backends:
-            for note in backend.instance.notes():
-                print(f"{backend.label}: {note}")
+    for backend in backends:
+        for note in backend.notes:
+            print(f"{backend.label}: {note}")
     for path, writer in ((args.report_json, write_json), (args.junit_xml, write_junit),
                          (args.summary_md, write_markdown), (args.save_accuracy, save_accuracy)):
         if path:
             writer(report, path)
             print(f"wrote {path}")
+    sys.stdout.flush()
     if report.interrupted:
         return 130
     return 0 if report.ok else 1
 
 
+def _job_count(jobs: int) -> int:
+    return jobs if jobs > 0 else (os.cpu_count() or 1)
+
+
 def _interrupt(signum, frame) -> None:
+    """The first Ctrl-C or TERM stops the run; later ones are ignored while reports are written."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from conformance.bench import bench, copy_bandwidth, select_shapes
+    from conformance.bench import select_shapes
 
+    if args.report_json is not None:
+        check_output(args.report_json, "--report-json")
     shapes = select_shapes(args.shapes, args.shape)
-    backends = [open_backend(name) for name in args.backend]
+    backends = open_backends(args.backend)
     for backend in backends:
         if backend.reason:
             print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
                   file=sys.stderr)
             return 2
-    on_gpu = any(b.instance.timing_device() == "cuda" for b in backends)
-    copy_rate = copy_bandwidth() if on_gpu else None
-    if copy_rate:
-        print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
-    results = []
-    header = f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}"
-    print(header)
-    failed = 0
-    for backend in backends:
-        for shape in shapes:
+    results, failed, copy_rate = [], 0, None
+    machine = {"platform": platform.platform(), "python": platform.python_version()}
+    print(f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}")
+    try:
+        for backend in backends:
+            handle = backend.connect(isolated=not args.in_process)
+            handle.begin_case(args.case_timeout)
             try:
-                result = bench(backend.instance, backend.label, shape, args.rounds,
-                               copy_rate if backend.instance.timing_device() == "cuda" else None)
+                device, rate, gpu = handle.call("timing_device")
             except Exception as exc:  # one backend's fault must not lose the other results
                 failed += 1
-                print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",
-                      flush=True)
+                print(f"{backend.label:18} {'-':18} ERROR {describe_exception(exc)}", flush=True)
                 continue
-            results.append(result)
-            share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy else \
-                "      -"
-            print(f"{backend.label:18} {shape.name:18} {result.median_s * 1e6:8.1f}us "
-                  f"{result.bytes_per_s / 1e9:8.1f} {share} {result.spread:7.3f}", flush=True)
+            if device == "cuda" and copy_rate is None:
+                copy_rate = rate
+                machine.update(gpu)
+                print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
+            for shape in shapes:
+                handle.begin_case(args.case_timeout)
+                try:
+                    result = handle.call("bench", backend.label, shape, args.rounds,
+                                         copy_rate if device == "cuda" else None)
+                except Exception as exc:
+                    failed += 1
+                    print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",
+                          flush=True)
+                    continue
+                results.append(result)
+                share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy \
+                    else "      -"
+                print(f"{backend.label:18} {shape.name:18} {result.median_s * 1e6:8.1f}us "
+                      f"{result.bytes_per_s / 1e9:8.1f} {share} {result.spread:7.3f}", flush=True)
+    finally:
+        for backend in backends:
+            backend.disconnect()
     if args.report_json:
-        import json
-        import platform
-
-        machine = {"platform": platform.platform(), "python": platform.python_version()}
-        if on_gpu:
-            import torch
-
-            machine["gpu"] = torch.cuda.get_device_name(0)
-            machine["torch"] = torch.__version__
-            import triton
-
-            machine["triton"] = triton.__version__
-        args.report_json.write_text(json.dumps(
+        write_atomically(args.report_json, json.dumps(
             {"schema": "paged-decode-conformance/bench/1", "machine": machine,
              "copy_bytes_per_s": copy_rate, "results": [r.as_dict() for r in results]},
             indent=1) + "\n")
@@ -260,12 +331,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_html(args: argparse.Namespace) -> int:
-    import json
 
     from conformance.html_report import write_html
 
-    report = json.loads(args.report_json.read_text())
-    bench = json.loads(args.bench_json.read_text()) if args.bench_json else None
+    check_output(args.out, "--out")
+    report = read_json(args.report_json, "--report-json")
+    if not isinstance(report, dict) or not str(report.get("schema", "")).startswith(
+            "paged-decode-conformance/report/"):
+        raise SpecError(f"--report-json {str(args.report_json)!r}: not a conformance report "
+                        f"(no 'schema': 'paged-decode-conformance/report/N')")
+    bench = read_json(args.bench_json, "--bench-json") if args.bench_json else None
     write_html(report, args.out, bench)
     print(f"wrote {args.out}")
     return 0
@@ -297,15 +372,17 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_expectations(args: argparse.Namespace) -> int:
     from conformance.manifest import EXPECTATIONS_DIR, append_entries
 
-    settings = RunSettings(profile=args.profile, spec_path=args.spec,
-                           manifest_dir=args.expectations)
+    if args.expectations is not None:
+        check_directory(args.expectations, "--expectations")
+    settings = _settings(args)
     backend = open_backend(args.backend, args.expectations)
     if backend.reason:
         print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
               file=sys.stderr)
         return 2
     cases = select_cases(settings.spec(), args.profile)
-    report = run([backend], cases, settings, Progress(), jobs=args.jobs or (os.cpu_count() or 1))
+    check_sizes(cases, args.max_case_mib)
+    report = run([backend], cases, settings, Progress(), jobs=_job_count(args.jobs))
     failing = sorted({(r.case, r.check) for r in report.failures if r.status in ("failed",
                                                                                    "error")})
     if not failing:

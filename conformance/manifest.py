@@ -14,6 +14,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.inputs import read_text
+
 EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
 _KEYS = {"case", "check", "reason", "link"}
 
@@ -67,10 +69,10 @@ def _entry_lines(text: str) -> list[int]:
 
 def load_manifest(backend: str, directory: Path | None = None) -> Manifest:
     """The manifest of a backend, or an empty one when it has no file."""
-    path = (directory or EXPECTATIONS_DIR) / f"{backend.replace(':', '_')}.toml"
+    path = (directory or EXPECTATIONS_DIR) / f"{backend}.toml"
     if not path.exists():
         return Manifest(backend)
-    text = path.read_text()
+    text = read_text(path, "expectation manifest")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -131,7 +133,7 @@ def append_entries(manifest: Manifest, failures: list[tuple[str, str]], director
     """Append an entry per (case id, check) to the backend's manifest, with the placeholder
     reason; the entries are printed by the caller, and --strict-manifest fails until each
     placeholder is replaced."""
-    path = manifest.path or directory / f"{manifest.backend.replace(':', '_')}.toml"
+    path = manifest.path or directory / f"{manifest.backend}.toml"
     lines = [f"\n# {note}"]
     for case_id, check in failures:
         lines += ["[[expect]]", f"case = {_toml_string(case_id)}", f"check = {_toml_string(check)}",

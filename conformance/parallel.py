@@ -1,9 +1,8 @@
-"""Cases spread over worker processes; a worker that dies takes down one case, not the run.
+"""A crash-isolating pool of spawned workers, and the GPU each worker gets.
 
-Each worker is a spawned process (no CUDA state inherited) that opens the backends by name
-and evaluates one (backend, case) at a time. The parent knows which case every worker holds,
-so when a native crash kills a worker, that case is reported as ``error`` and a new worker
-takes the next one.
+The pool knows nothing of cases or reports: it hands items to workers (spawned, so no CUDA
+state is inherited), collects results, and when a worker dies asks the caller's crash policy
+for the item's result. The runner uses it for ``-j``.
 """
 
 from __future__ import annotations
@@ -13,10 +12,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-
-from conformance.spec import Case
-
-Task = tuple[str, Case]  # (backend target, case)
+from typing import Any
 
 
 def gpu_count() -> int:
@@ -55,71 +51,66 @@ def xdist_worker_environment() -> dict[str, str]:
     return gpu_environment(int(index)) if index.isdigit() else {}
 
 
-def _worker(conn: Connection, settings, manifest_dir, env: dict[str, str]) -> None:
+def _serve(conn: Connection, work: Callable[[Any], Any], env: dict[str, str]) -> None:
     os.environ.update(env)
-    from conformance.runner import evaluate_case, open_backend
-
-    backends = {}
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        index, (target, case) = task
-        if target not in backends:
-            backends[target] = open_backend(target, manifest_dir)
-        conn.send((index, evaluate_case(backends[target], case, settings)))
+    while (task := conn.recv()) is not None:
+        index, item = task
+        conn.send((index, work(item)))
 
 
-def run_tasks(tasks: list[Task], settings, jobs: int,
-              on_done: Callable[[int, list], None]) -> None:
-    """Evaluate every task on ``jobs`` workers, calling ``on_done(index, results)``."""
-    from conformance.runner import crashed_results
+def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,
+             on_done: Callable[[int, Any], None],
+             on_crash: Callable[[int, int | None], Any]) -> None:
+    """Call ``work(item)`` for every item on ``jobs`` spawned workers.
 
+    ``work`` must be a module-level function (it is pickled by name). Each result goes to
+    ``on_done(index, result)``; when a worker dies holding an item, ``on_crash(index,
+    exitcode)`` makes its result instead and a new worker takes the dead one's slot (and GPU).
+    """
     context = multiprocessing.get_context("spawn")
-    pending = list(enumerate(tasks))[::-1]
-    workers: dict[Connection, tuple[multiprocessing.Process, int | None]] = {}
+    pending = list(enumerate(items))[::-1]
+    # connection -> (process, slot, index of the item it holds or None)
+    workers: dict[Connection, tuple[multiprocessing.Process, int, int | None]] = {}
 
     def start(slot: int) -> None:
         parent, child = context.Pipe()
-        process = context.Process(target=_worker, daemon=True,
-                                  args=(child, settings, settings.manifest_dir,
-                                        gpu_environment(slot)))
+        process = context.Process(target=_serve, daemon=True,
+                                  args=(child, work, gpu_environment(slot)))
         process.start()
         child.close()
-        workers[parent] = (process, None)
+        workers[parent] = (process, slot, None)
         dispatch(parent)
 
     def dispatch(conn: Connection) -> None:
-        process, _ = workers[conn]
-        if pending:
-            index, task = pending.pop()
-            conn.send((index, task))
-            workers[conn] = (process, index)
-        else:
-            conn.send(None)
-            workers[conn] = (process, None)
+        process, slot, _ = workers[conn]
+        task = pending.pop() if pending else None
+        conn.send(task)
+        workers[conn] = (process, slot, task[0] if task else None)
 
-    for slot in range(max(1, min(jobs, len(tasks)))):
-        start(slot)
-    while any(index is not None for _, index in workers.values()):
-        sentinels = {process.sentinel: conn for conn, (process, _) in workers.items()}
-        for ready in wait(list(workers) + list(sentinels)):
-            conn = sentinels.get(ready, ready)
-            if conn not in workers:
-                continue
-            process, index = workers[conn]
-            if ready is conn:
-                try:
-                    done_index, results = conn.recv()
-                except EOFError:
-                    continue  # the sentinel reports the death
-                on_done(done_index, results)
-                dispatch(conn)
-            elif not process.is_alive():
-                del workers[conn]
-                if index is not None:
-                    target, case = tasks[index]
-                    on_done(index, crashed_results(target, case, settings, process.exitcode))
-                    start(len(workers))
-    for process, _ in workers.values():
-        process.join(timeout=10)
+    try:
+        for slot in range(max(1, min(jobs, len(items)))):
+            start(slot)
+        while any(index is not None for _, _, index in workers.values()):
+            sentinels = {process.sentinel: conn for conn, (process, _, _) in workers.items()}
+            for ready in wait(list(workers) + list(sentinels)):
+                conn = sentinels.get(ready, ready)
+                if conn not in workers:
+                    continue
+                process, slot, index = workers[conn]
+                if ready is conn:
+                    try:
+                        done_index, result = conn.recv()
+                    except EOFError:
+                        continue  # the sentinel reports the death
+                    on_done(done_index, result)
+                    dispatch(conn)
+                elif not process.is_alive():
+                    del workers[conn]
+                    if index is not None:
+                        on_done(index, on_crash(index, process.exitcode))
+                        start(slot)
+    finally:
+        for process, _, _ in workers.values():
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()

@@ -18,6 +18,7 @@ from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.manifest import ManifestError
 from conformance.parallel import xdist_worker_environment
 from conformance.runner import (
+    DEFAULT_CASE_TIMEOUT,
     BackendRun,
     RunSettings,
     check_families,
@@ -44,6 +45,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"check families to run (default all: {', '.join(CHECK_FAMILIES)})")
     group.addoption("--expectations", default=None, type=Path,
                     help="directory of expectation manifests (default: expectations/)")
+    group.addoption("--case-timeout", default=DEFAULT_CASE_TIMEOUT, type=float,
+                    metavar="SECONDS",
+                    help="kill a backend that spends longer on one test (a case's check "
+                         f"family) and fail it (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
+    group.addoption("--in-process", action="store_true",
+                    help="call the backend in the pytest process (to debug it): no isolation")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,7 +73,9 @@ class ConformanceSession:
         families = tuple(config.getoption("check_family")) or tuple(CHECK_FAMILIES)
         self.settings = RunSettings(profile=config.getoption("profile"),
                                     spec_path=config.getoption("spec"), families=families,
-                                    manifest_dir=config.getoption("expectations"))
+                                    manifest_dir=config.getoption("expectations"),
+                                    isolated=not config.getoption("in_process"),
+                                    case_timeout=config.getoption("case_timeout"))
         self.backend_names = config.getoption("backend") or [DEFAULT_BACKEND]
         self._backends: dict[str, BackendRun] = {}
         self._trial: tuple[tuple[str, str], Trial] | None = None
@@ -77,19 +86,31 @@ class ConformanceSession:
         return self._backends[name]
 
     def trial(self, backend: BackendRun, case: Case) -> Trial | None:
-        """One trial per (backend, case): the families of a case share its decode runs."""
-        if backend.instance is None:
+        """One trial per (backend, case): the families of a case share its decode runs. Each
+        test (one family) starts the case clock again."""
+        if backend.reason is not None:
             return None
+        handle = backend.connect(self.settings.isolated)
+        handle.begin_case(self.settings.case_timeout)
         key = (backend.label, case.id)
         if self._trial is None or self._trial[0] != key:
-            self._trial = (key, Trial(backend.instance, case))
+            self._trial = (key, Trial(handle, case))
         return self._trial[1]
+
+    def close(self) -> None:
+        for backend in self._backends.values():
+            backend.disconnect()
 
 
 def _session(config: pytest.Config) -> ConformanceSession:
     if not hasattr(config, "_conformance"):
         config._conformance = ConformanceSession(config)
     return config._conformance
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "_conformance"):
+        config._conformance.close()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

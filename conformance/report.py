@@ -6,6 +6,7 @@ import datetime
 import json
 import math
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -13,6 +14,7 @@ from typing import TextIO
 import numpy as np
 
 from conformance.checks import CHECK_FAMILIES
+from conformance.inputs import write_atomically
 from conformance.runner import FAILING, RunReport, results_by_family
 
 SCHEMA = "paged-decode-conformance/report/1"
@@ -41,8 +43,8 @@ def matrix_lines(report: RunReport) -> list[str]:
     for backend in report.backends:
         row_cells = cells.get(backend.label, {})
         bad = any(r.status in FAILING for r in report.results if r.backend == backend.label)
-        rows.append([backend.label, *(row_cells.get(f, "-") for f in families),
-                     "FAIL" if bad else "ok"])
+        verdict = "FAIL" if bad else ("INTERRUPTED" if report.interrupted else "ok")
+        rows.append([backend.label, *(row_cells.get(f, "-") for f in families), verdict])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]
@@ -61,11 +63,19 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
     for problem in report.manifest_problems():
         print(f"  manifest: {problem}"
               f"{' (fails: --strict-manifest)' if report.strict_manifest else ''}", file=stream)
+    for problem in report.unclaimed():
+        print(f"  FAIL: {problem}", file=stream)
+    if report.captured:
+        total = sum(c.total_bytes for c in report.captured.values())
+        print(f"  backend output: {total} bytes over {len(report.captured)} case(s), kept in "
+              f"the JSON report (not shown here)", file=stream)
     failures = report.failures
     if not failures:
         print("\nno unexpected failures", file=stream)
         if report.interrupted:
             print("but the run was interrupted, so it fails: not every case ran", file=stream)
+        elif report.unclaimed():
+            print("but a backend claims no check of the run (above), so it fails", file=stream)
         elif not report.ok:
             print("but the manifest problems above fail the run (--strict-manifest)",
                   file=stream)
@@ -114,11 +124,23 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "stale_expectations": [
             {"backend": b.label, "case": e.case, "check": e.check, "reason": e.reason,
              "line": e.line} for b, e in report.stale_expectations()],
+        "unclaimed": report.unclaimed(),
+        "captured_output": [{"backend": backend, "case": case, **captured.as_dict()}
+                            for (backend, case), captured in report.captured.items()],
     }
 
 
 def write_json(report: RunReport, path: str | Path, argv: list[str] | None = None) -> None:
-    Path(path).write_text(json.dumps(report_dict(report, argv), indent=1) + "\n")
+    write_atomically(path, json.dumps(report_dict(report, argv), indent=1) + "\n")
+
+
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+def plain_text(text: str) -> str:
+    """Text without terminal colour codes or characters XML 1.0 cannot hold."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", _ANSI.sub("", text))
 
 
 def write_junit(report: RunReport, path: str | Path) -> None:
@@ -126,6 +148,14 @@ def write_junit(report: RunReport, path: str | Path) -> None:
     from xml.etree import ElementTree as ET
 
     root = ET.Element("testsuites", name="paged-decode-conformance")
+    if report.interrupted or report.unclaimed():
+        problems = ([report.interrupted] if report.interrupted else []) + report.unclaimed()
+        suite = ET.SubElement(root, "testsuite", name="run", tests=str(len(problems)),
+                              failures="0", errors=str(len(problems)), skipped="0")
+        for problem in problems:
+            case = ET.SubElement(suite, "testcase", classname="run", name="verdict")
+            ET.SubElement(case, "error", message=plain_text(problem)[:200]).text = \
+                plain_text(problem)
     for backend in report.backends:
         results = [r for r in report.results if r.backend == backend.label]
         suite = ET.SubElement(root, "testsuite", name=backend.label, tests=str(len(results)),
@@ -137,14 +167,16 @@ def write_junit(report: RunReport, path: str | Path) -> None:
         for result in results:
             case = ET.SubElement(suite, "testcase", classname=backend.label,
                                  name=f"{result.case}::{result.check}")
-            text = f"{result.message}\nrerun: {result.reproducer}"
+            message = plain_text(result.message)
+            text = f"{message}\nrerun: {result.reproducer}"
             if result.status in ("failed", "unexpected-pass"):
-                ET.SubElement(case, "failure", message=result.message[:200]).text = text
+                ET.SubElement(case, "failure", message=message[:200]).text = text
             elif result.status == "error":
-                ET.SubElement(case, "error", message=result.message[:200]).text = text
+                ET.SubElement(case, "error", message=message[:200]).text = text
             elif result.status in ("unsupported", "known-failure"):
-                ET.SubElement(case, "skipped", message=f"{result.status}: {result.message}"[:500])
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+                ET.SubElement(case, "skipped", message=f"{result.status}: {message}"[:500])
+    text = ET.tostring(root, encoding="unicode")
+    write_atomically(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text + "\n")
 
 
 def accuracy_rows(report: RunReport) -> list[tuple[str, str, str, float, float, str]]:
@@ -159,14 +191,21 @@ def accuracy_rows(report: RunReport) -> list[tuple[str, str, str, float, float, 
     return [(*key, *value) for key, value in sorted(worst.items())]
 
 
+def md(text: object) -> str:
+    """Text safe inside a Markdown table cell or list item: one line, markup escaped."""
+    flat = " ".join(plain_text(str(text)).split())
+    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", flat)
+
+
 def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) -> None:
     """A summary for a CI job page: the matrix, the failures with reproducers, accuracy."""
     lines = [f"## Conformance: profile `{report.settings.profile}`, {len(report.cases)} cases",
              "", "**" + ("PASS" if report.ok else "FAIL") + "**", ""]
     if report.interrupted:
-        lines += [f"Interrupted ({report.interrupted}): the results below are partial.", ""]
+        lines += [f"Interrupted ({md(report.interrupted)}): the results below are partial.", ""]
+    lines += [f"- {md(problem)}" for problem in report.unclaimed()]
     matrix = [line.split("  ") for line in matrix_lines(report)]
-    matrix = [[cell.strip() for cell in row if cell.strip()] for row in matrix]
+    matrix = [[md(cell.strip()) for cell in row if cell.strip()] for row in matrix]
     lines += ["| " + " | ".join(matrix[0]) + " |", "|" + " --- |" * len(matrix[0])]
     lines += ["| " + " | ".join(row) + " |" for row in matrix[1:]]
     lines += ["", LEGEND, ""]
@@ -176,8 +215,8 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
         for r in failures[:max_failures]:
             measured = f" (error {r.error:.3g}, budget {r.budget:.3g})" if (
                 r.error is not None and r.budget is not None) else ""
-            lines += [f"- **{r.status}** `{r.backend}` `{r.check}`{measured} on `{r.case}`: "
-                      f"{r.message}", f"  `{r.reproducer}`"]
+            lines += [f"- **{r.status}** {md(r.backend)} {md(r.check)}{measured} on "
+                      f"{md(r.case)}: {md(r.message)}", f"  {md(r.reproducer)}"]
         if len(failures) > max_failures:
             lines.append(f"- ... {len(failures) - max_failures} more in the JSON report")
         lines.append("")
@@ -186,6 +225,6 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
         lines += ["### Accuracy (worst error / budget per backend, dtype and check)", "",
                   "| backend | dtype | check | error | budget | case |",
                   "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {b} | {d} | {c} | {e:.3g} | {g:.3g} | `{case}` |"
+        lines += [f"| {md(b)} | {d} | {c} | {e:.3g} | {g:.3g} | {md(case)} |"
                   for b, d, c, e, g, case in rows]
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")

@@ -12,10 +12,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backends.base import Backend
-from backends.registry import backend_label, resolve
-from conformance.checks import CHECK_FAMILIES, Outcome, Trial, describe_exception
+from backends.registry import availability_reason, backend_label, resolve
+from conformance.checks import CHECK_FAMILIES, Outcome, Trial
 from conformance.manifest import Manifest, apply, glob_match, load_manifest
+from conformance.sandbox import (
+    BackendHandle,
+    Captured,
+    InProcessBackend,
+    IsolatedBackend,
+    describe_exception,
+)
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
+
+DEFAULT_CASE_TIMEOUT = 300.0  # seconds; 0 disables
 
 FAILING = ("failed", "error", "unexpected-pass")
 
@@ -45,14 +54,32 @@ class Result:
 
 @dataclass
 class BackendRun:
-    """A backend as this run sees it: its label, class, instance (if available) and manifest."""
+    """A backend as this run sees it: its label, class, availability, manifest, and the
+    handle through which the run reaches it (made on first use)."""
 
     label: str
     target: str
     cls: type[Backend]
     reason: str | None
     manifest: Manifest
-    instance: Backend | None = None
+    handle: BackendHandle | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def connect(self, isolated: bool = True) -> BackendHandle:
+        if self.handle is None:
+            self.handle = (IsolatedBackend(self.cls, self.label, self.target) if isolated
+                           else InProcessBackend(self.cls, self.label))
+        return self.handle
+
+    def disconnect(self) -> None:
+        if self.handle is not None:
+            self.notes = self.handle.notes()
+            self.handle.close()
+            self.handle = None
+
+    def instance(self) -> Backend:
+        """The backend constructed in this process, for timing (bench); never for checks."""
+        return self.connect(isolated=False).instance
 
     def describe(self) -> dict:
         return {"name": self.label, "target": self.target, "available": self.reason is None,
@@ -60,23 +87,27 @@ class BackendRun:
                 "capabilities": self.cls.capabilities.describe(),
                 "conventions": self.cls.conventions.describe(),
                 "expectations": str(self.manifest.path) if self.manifest.path else "",
-                "notes": self.instance.notes() if self.instance else []}
+                "notes": self.notes}
 
 
 def open_backend(name: str, manifest_dir: Path | None = None) -> BackendRun:
+    """Resolve and probe a backend; construction waits for the first call (in its worker)."""
     cls = resolve(name)
     label = backend_label(name, cls)
-    try:
-        reason = cls.availability()
-    except Exception as exc:
-        reason = f"availability probe raised {describe_exception(exc)}"
-    instance = None
-    if reason is None:
-        try:
-            instance = cls()
-        except Exception as exc:
-            reason = f"constructor raised {describe_exception(exc)}"
-    return BackendRun(label, name, cls, reason, load_manifest(label, manifest_dir), instance)
+    return BackendRun(label, name, cls, availability_reason(cls),
+                      load_manifest(label, manifest_dir))
+
+
+def open_backends(names: Iterable[str], manifest_dir: Path | None = None) -> list[BackendRun]:
+    """Open several backends; two that would be reported under one name are refused."""
+    opened = [open_backend(name, manifest_dir) for name in names]
+    seen: dict[str, str] = {}
+    for backend in opened:
+        if backend.label in seen:
+            raise SpecError(f"backends {seen[backend.label]!r} and {backend.target!r} are both "
+                            f"named {backend.label!r}; a name must be unique in a run")
+        seen[backend.label] = backend.target
+    return opened
 
 
 def pattern_matcher(pattern: str) -> Callable[[str], bool]:
@@ -107,6 +138,9 @@ class RunSettings:
     families: tuple[str, ...] = tuple(CHECK_FAMILIES)
     manifest_dir: Path | None = None
     filtered: bool = False  # cases or families were narrowed: stale entries mean nothing
+    isolated: bool = True  # backends in worker processes; False only to debug in-process
+    case_timeout: float = DEFAULT_CASE_TIMEOUT  # seconds per (backend, case); 0: none
+    allow_empty: bool = False  # a backend claiming no case of the run is not a failure
 
     def spec(self) -> Spec:
         return load_spec(self.spec_path) if self.spec_path else default_spec()
@@ -130,13 +164,13 @@ def check_families(names: Iterable[str]) -> tuple[str, ...]:
 def family_outcomes(backend: BackendRun, case: Case, family: str,
                     trial: Trial | None = None) -> list[Outcome]:
     """Run one family, or say why it cannot run: unsupported, or an error with its cause."""
-    if backend.reason:
+    if backend.reason:  # unavailable here: the harness refused it, so it is not claimed
         return [Outcome(family, "unsupported", message=f"backend unavailable: {backend.reason}")]
     try:
-        reason = backend.instance.unsupported_reason(case)
+        reason = backend.handle.unsupported_reason(case)
         if reason:
             return [Outcome(family, "unsupported", message=reason)]
-        return CHECK_FAMILIES[family](trial or Trial(backend.instance, case))
+        return CHECK_FAMILIES[family](trial or Trial(backend.handle, case))
     except Exception as exc:  # a fault in the adapter or the case is a result, not a crash
         return [Outcome(family, "error", message=describe_exception(exc))]
 
@@ -144,8 +178,14 @@ def family_outcomes(backend: BackendRun, case: Case, family: str,
 def evaluate(backend: BackendRun, case: Case, family: str, settings: RunSettings,
              trial: Trial | None = None) -> list[Result]:
     """The results of one check family for one case on one backend, manifest applied."""
-    reproducer = settings.reproducer(backend.target, case.id, family)
-    outcomes = family_outcomes(backend, case, family, trial)
+    if backend.reason is None:
+        backend.connect(settings.isolated)
+    return results_of(backend, case, family_outcomes(backend, case, family, trial), settings)
+
+
+def results_of(backend: BackendRun, case: Case, outcomes: list[Outcome],
+               settings: RunSettings) -> list[Result]:
+    """Outcomes as reported results: the expectation manifest applied, a reproducer each."""
     results = []
     statuses = apply(backend.manifest, case.id, [(o.check, o.status) for o in outcomes])
     for outcome, (status, note) in zip(outcomes, statuses, strict=True):
@@ -156,8 +196,16 @@ def evaluate(backend: BackendRun, case: Case, family: str, settings: RunSettings
             error=outcome.error, budget=budget.value if budget else None,
             budget_table=budget.table if budget else None,
             budget_ratio=budget.ratio if budget else None, message=message,
-            reproducer=reproducer))
+            reproducer=settings.reproducer(backend.target, case.id, outcome.family)))
     return results
+
+
+@dataclass
+class CaseRecord:
+    """What one (backend, case) produced: its results and what the backend printed."""
+
+    results: list[Result]
+    captured: Captured | None = None
 
 
 @dataclass
@@ -168,10 +216,28 @@ class RunReport:
     results: list[Result] = field(default_factory=list)
     strict_manifest: bool = False
     interrupted: str = ""  # why the run stopped early, if it did
+    captured: dict[tuple[str, str], Captured] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Result]:
         return [r for r in self.results if r.status in FAILING]
+
+    def unclaimed(self) -> list[str]:
+        """Why each backend that claims no check of this run fails it (unless allowed)."""
+        if self.settings.allow_empty or self.interrupted:
+            return []
+        problems = []
+        for backend in self.backends:
+            statuses = {r.status for r in self.results if r.backend == backend.label}
+            if statuses <= {"unsupported"}:
+                claims = backend.cls.capabilities.describe()
+                problems.append(
+                    f"backend {backend.label} claims no check of this run (profile "
+                    f"{self.settings.profile}, {len(self.cases)} cases): it claims dtypes "
+                    f"{claims['dtypes']}, head_dims {claims['head_dims']}, page_sizes "
+                    f"{claims['page_sizes']}, features {claims['features']}; pass "
+                    f"--allow-empty if that is meant")
+        return problems
 
     def stale_expectations(self) -> list[tuple[BackendRun, object]]:
         """Manifest entries that matched nothing (meaningful only in a whole run)."""
@@ -190,26 +256,47 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not self.failures and not (
+        return not self.interrupted and not self.failures and not self.unclaimed() and not (
             self.strict_manifest and self.manifest_problems())
 
 
-def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> list[Result]:
-    """Every selected family of one case on one backend, sharing one trial."""
-    trial = Trial(backend.instance, case) if backend.instance else None
-    return [result for family in settings.families
-            for result in evaluate(backend, case, family, settings, trial)]
+def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> CaseRecord:
+    """Every selected family of one case on one backend, sharing one trial and one clock."""
+    if backend.reason is not None:
+        return CaseRecord([r for family in settings.families
+                           for r in evaluate(backend, case, family, settings)])
+    handle = backend.connect(settings.isolated)
+    handle.begin_case(settings.case_timeout)
+    trial = Trial(handle, case)
+    results = [result for family in settings.families
+               for result in evaluate(backend, case, family, settings, trial)]
+    return CaseRecord(results, handle.end_case())
 
 
-def crashed_results(target: str, case: Case, settings: RunSettings,
-                    exitcode: int | None) -> list[Result]:
-    """What a case reports when its worker process died under it (a native crash)."""
-    label = backend_label(target, resolve(target))
+# Per worker process of ``-j``: the backends it has opened, by target.
+_WORKER_BACKENDS: dict[str, BackendRun] = {}
+
+
+def _evaluate_in_worker(task: tuple[str, Case, RunSettings]) -> CaseRecord:
+    target, case, settings = task
+    if target not in _WORKER_BACKENDS:
+        _WORKER_BACKENDS[target] = open_backend(target, settings.manifest_dir)
+    backend = _WORKER_BACKENDS[target]
+    if backend.reason is not None:  # available to the parent, not here: every check errs
+        outcomes = [Outcome(f, "error", message=f"backend unavailable in the worker process: "
+                                                  f"{backend.reason}") for f in settings.families]
+        return CaseRecord(results_of(backend, case, outcomes, settings))
+    return evaluate_case(backend, case, settings)
+
+
+def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
+                   exitcode: int | None) -> CaseRecord:
+    """What a case reports when the harness worker died under it; manifests still apply."""
     how = f"signal {-exitcode}" if exitcode and exitcode < 0 else f"exit code {exitcode}"
-    return [Result(backend=label, case=case.id, check=family, status="error",
-                   message=f"the worker process died ({how}) while running this case",
-                   reproducer=settings.reproducer(target, case.id, family))
-            for family in settings.families]
+    outcomes = [Outcome(family, "error", message=f"the worker process died ({how}) while "
+                                                 f"running this case")
+                for family in settings.families]
+    return CaseRecord(results_of(backend, case, outcomes, settings))
 
 
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
@@ -221,26 +308,39 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
-    collected: dict[int, list[Result]] = {}
+    collected: dict[int, CaseRecord] = {}
 
-    def done(index: int, results: list[Result]) -> None:
-        collected[index] = results
+    def done(index: int, record: CaseRecord) -> None:
+        collected[index] = record
         if progress:
             backend, case = tasks[index]
             progress(len(collected), len(tasks), f"{backend.label} {case.id}")
 
+    def crashed(index: int, exitcode: int | None) -> CaseRecord:
+        backend, case = tasks[index]
+        return crashed_record(backend, case, settings, exitcode)
+
     try:
         if jobs > 1 and len(tasks) > 1:
-            from conformance.parallel import run_tasks
+            from conformance.parallel import run_pool
 
-            run_tasks([(b.target, c) for b, c in tasks], settings, jobs, done)
+            run_pool([(b.target, c, settings) for b, c in tasks], _evaluate_in_worker, jobs,
+                     done, crashed)
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))
     except KeyboardInterrupt:  # Ctrl-C or a timeout's SIGTERM: keep what finished
         report.interrupted = f"interrupted after {len(collected)} of {len(tasks)} cases"
-    report.results = [r for index in range(len(tasks)) if index in collected
-                      for r in collected[index]]
+    finally:
+        for backend in backends:
+            backend.disconnect()
+    for index in range(len(tasks)):
+        if index in collected:
+            record = collected[index]
+            report.results.extend(record.results)
+            if record.captured is not None:
+                backend, case = tasks[index]
+                report.captured[(backend.label, case.id)] = record.captured
     return report
 
 

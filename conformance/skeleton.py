@@ -9,9 +9,10 @@ TEMPLATE = '''"""{name}: a paged decode attention backend for the conformance su
 
 Add a backend in ten minutes:
 
-1. Run this file as it is; every case is reported *unsupported*, none passed:
-       python -m conformance run --backend {path}:{cls} --profile smoke
-2. Fill in ``decode`` below. The problem is canonical NumPy (DESIGN §3):
+1. Run this file as it is; every case is reported *unsupported*, none passed, and the run
+   fails because the backend claims nothing (``--allow-empty`` accepts that for now):
+       python -m conformance run --backend {path}:{cls} --profile smoke --allow-empty
+2. Fill in ``decode`` below. The problem is canonical NumPy (docs/design.md):
        problem.q             (batch, num_qo_heads, head_dim)               case dtype
        problem.k_pages       (num_pages, page_size, num_kv_heads, head_dim) case dtype
        problem.v_pages       same shape as k_pages

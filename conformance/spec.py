@@ -19,9 +19,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from conformance.dtypes import DTYPES, SHORT_NAMES
+import numpy as np
+
+from conformance.dtypes import DTYPES, SHORT_NAMES, numpy_dtype
+from conformance.inputs import read_text
 
 SPEC_PATH = Path(__file__).with_name("spec.toml")
+SCHEMA = 1  # the spec format this code reads
+DEFAULT_MAX_CASE_MIB = 4096  # a case whose arrays would be larger is refused at load
 
 DISTRIBUTIONS = {
     "normal": "q, k, v standard normal",
@@ -94,6 +99,15 @@ class Case:
     @property
     def scale(self) -> float:
         return self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def problem_bytes(self) -> int:
+        """About what materialising the case takes: the page pool (K and V, with its spare
+        pages) and the float64 copies the oracle works in."""
+        pages = sum(-(-n // self.page_size) for n in self.context_lens)
+        tokens = (pages + max(2, pages // 2) + 1) * self.page_size
+        item = np.dtype(numpy_dtype(self.dtype)).itemsize
+        return 2 * tokens * self.num_kv_heads * self.head_dim * (item + 8)
 
     @property
     def features(self) -> frozenset[str]:
@@ -183,8 +197,9 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
             kwargs[name] = _int(where, name, value, 0 if name in ("sinks", "shared_pages",
                                                                   "table_padding") else 1)
         elif name == "sm_scale":
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise SpecError(f"{where}: field 'sm_scale' must be a positive number, "
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                    math.isfinite(value) and value > 0):
+                raise SpecError(f"{where}: field 'sm_scale' must be a finite positive number, "
                                 f"got {value!r}")
             kwargs[name] = float(value)
         elif name in ("distribution", "tag"):
@@ -266,6 +281,10 @@ def _expand_family(entry: Mapping[str, Any], index: int, defaults: Mapping[str, 
 def parse_spec(data: Mapping[str, Any], source: str = "spec") -> Spec:
     """Validate and expand a parsed spec document."""
     _check_keys(source, data, {"schema", "defaults", "profiles", "family"})
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise SpecError(f"{source}: field 'schema' is {schema!r}; this version reads schema "
+                        f"{SCHEMA}")
     defaults = _table(source, "defaults", data.get("defaults", {}))
     _check_keys(f"{source}: defaults", defaults, _FIELD_NAMES)
     profiles: dict[str, Profile] = {}
@@ -293,15 +312,24 @@ def load_spec(path: str | Path | None = None) -> Spec:
     """Load and expand a spec file (the built-in one by default)."""
     path = Path(path) if path is not None else SPEC_PATH
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text(path, "spec"))
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path.name}: not valid TOML: {exc}") from None
+        raise SpecError(f"spec {str(path)!r}: not valid TOML: {exc}") from None
     return parse_spec(data, source=path.name)
 
 
 @cache
 def default_spec() -> Spec:
     return load_spec()
+
+
+def check_sizes(cases: list[Case], max_mib: float = DEFAULT_MAX_CASE_MIB) -> None:
+    """Refuse, before any backend runs, a case too large to materialise on this machine."""
+    for case in cases:
+        mib = case.problem_bytes / 2**20
+        if mib > max_mib:
+            raise SpecError(f"case {case.id}: its arrays would take about {mib:,.0f} MiB, over "
+                            f"the cap of {max_mib:g} MiB (--max-case-mib)")
 
 
 def with_changes(case: Case, **changes: Any) -> Case:

@@ -92,11 +92,15 @@ def test_new_backend_skeleton_runs_and_claims_nothing(tmp_path):
     result = cli("new-backend", "my-kernel", "--out", str(tmp_path / "my_kernel.py"))
     assert result.returncode == 0, result.stderr
     report_path = tmp_path / "r.json"
-    run = cli("run", "--backend", f"{tmp_path / 'my_kernel.py'}:MyKernelBackend", "--profile",
-              "smoke", "--report-json", str(report_path))
-    assert run.returncode == 0, run.stdout + run.stderr
+    target = f"{tmp_path / 'my_kernel.py'}:MyKernelBackend"
+    run = cli("run", "--backend", target, "--profile", "smoke", "--report-json", str(report_path))
+    # claiming nothing is not a pass: the run fails and says what the backend claims
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "my-kernel claims no check of this run" in run.stdout
     statuses = {r["status"] for r in json.loads(report_path.read_text())["results"]}
     assert statuses == {"unsupported"}
+    allowed = cli("run", "--backend", target, "--profile", "smoke", "--allow-empty")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     again = cli("new-backend", "my-kernel", "--out", str(tmp_path / "my_kernel.py"))
     assert again.returncode == 2 and "exists" in again.stderr
 
@@ -132,7 +136,8 @@ def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
     results = json.loads(crashed.read_text())["results"]
     errors = [r for r in results if r["status"] == "error"]
     assert errors and all("window" in r["case"] for r in errors)
-    assert all("worker process died (signal 11)" in r["message"] for r in errors)
+    assert all("killed by SIGSEGV" in r["message"] or r["message"].startswith("not run")
+               for r in errors)
     assert {r["case"] for r in results} == set(
         cli("list", "--profile", "smoke").stdout.split())
 
@@ -140,7 +145,6 @@ def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
     import signal
-    import time
 
     report = tmp_path / "partial.json"
     process = subprocess.Popen(
@@ -148,7 +152,9 @@ def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
          "--profile", "ci", "-j", jobs, "--report-json", str(report),
          "--summary-md", str(tmp_path / "partial.md")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)  # long enough for a few cases, even on a loaded machine
+    for line in process.stderr:  # progress lines: stop once a few cases are done
+        if line.startswith(("17/", "34/")):
+            break
     process.send_signal(signal.SIGTERM)
     stdout, _ = process.communicate(timeout=120)
     assert process.returncode == 130

@@ -102,5 +102,5 @@ def test_unknown_profile_lists_the_known_ones():
 def test_invalid_toml_is_reported_with_the_file(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text("[defaults\n")
-    with pytest.raises(SpecError, match=r"broken\.toml: not valid TOML"):
+    with pytest.raises(SpecError, match=r"broken\.toml': not valid TOML"):
         load_spec(path)

@@ -1,0 +1,309 @@
+"""The backend under test is untrusted: whatever it does costs its own case, never the run.
+
+Each hostile backend (tests/hostile.py) misbehaves on the two smoke cases that have attention
+sinks and computes correctly on the third sinks-family case. Every run must end with the
+right exit status, the misbehaving cases as ``error`` (or ``failed``), the other case
+passed, and every report written and well formed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from tests.run_cli import ROOT, cli
+
+SINKS = ("--profile", "smoke", "-k", "sinks/")
+BAD = "window8+sink"  # the two cases the hostile backends misbehave on
+GOOD = "window8-normal"
+
+
+def run_with_reports(tmp_path, backend, *extra):
+    paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "md")}
+    result = cli("run", "--backend", f"tests.hostile:{backend}", *SINKS,
+                 "--report-json", paths["json"], "--junit-xml", paths["xml"],
+                 "--summary-md", paths["md"], *extra)
+    report = json.loads(paths["json"].read_text())
+    ET.parse(paths["xml"])  # well formed
+    assert paths["md"].read_text().startswith("## Conformance")
+    return result, report
+
+
+def statuses(report, case_part):
+    return {r["status"] for r in report["results"] if case_part in r["case"]}
+
+
+def messages(report, case_part):
+    return {r["message"] for r in report["results"] if case_part in r["case"]}
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("Segfaults", "killed by SIGSEGV"),
+    ("Aborts", "killed by SIGABRT"),
+    ("HardExit", "exited with status 0"),
+    ("ExitsZero", "SystemExit: 0"),
+    ("ExitsThree", "SystemExit: 3"),
+    ("RaisesKeyboardInterrupt", "KeyboardInterrupt"),
+])
+def test_a_dying_or_exiting_backend_costs_only_its_cases(tmp_path, backend, what):
+    result, report = run_with_reports(tmp_path, backend)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert statuses(report, BAD) == {"error"}
+    assert statuses(report, GOOD) == {"passed"}
+    assert all(what in m for m in messages(report, BAD) if not m.startswith("not run"))
+    assert not report["ok"] and not report["interrupted"]
+
+
+def test_a_native_crash_names_the_frame_that_crashed(tmp_path):
+    _, report = run_with_reports(tmp_path, "Segfaults")
+    first = next(r for r in report["results"] if BAD in r["case"])
+    assert "Fatal Python error: Segmentation fault" in first["message"]
+    assert "hostile.py" in first["message"] and "misbehave" in first["message"]
+
+
+@pytest.mark.parametrize("backend", ["HangsInPython", "HangsInNativeCode"])
+def test_a_hanging_backend_is_killed_at_the_case_timeout(tmp_path, backend):
+    started = time.monotonic()
+    result, report = run_with_reports(tmp_path, backend, "--case-timeout", "2")
+    assert result.returncode == 1
+    assert time.monotonic() - started < 60
+    assert statuses(report, BAD) == {"error"}
+    assert statuses(report, GOOD) == {"passed"}
+    assert any("timed out after 2 s" in m for m in messages(report, BAD))
+
+
+def test_a_parallel_run_isolates_the_same_faults(tmp_path):
+    result, report = run_with_reports(tmp_path, "Segfaults", "-j", "2")
+    assert result.returncode == 1
+    assert statuses(report, BAD) == {"error"} and statuses(report, GOOD) == {"passed"}
+    assert any("SIGSEGV" in m for m in messages(report, BAD))
+
+
+def test_the_oracle_never_sees_what_the_backend_did_to_its_inputs(tmp_path):
+    # The backend empties every context before computing: zero output, -inf LSE. Judged
+    # against arrays it was handed, that would pass oracle and merge; judged against the
+    # harness's own copies it fails oracle, even with purity not selected.
+    result = cli("run", "--backend", "tests.hostile:MutatesBeforeComputing", *SINKS,
+                 "--check", "oracle", "--check", "merge", "--report-json", tmp_path / "r.json")
+    assert result.returncode == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    oracle = {r["status"] for r in report["results"] if BAD in r["case"]
+              and r["check"].startswith("oracle/")}
+    assert oracle == {"failed"}
+    assert statuses(report, GOOD) == {"passed"}
+
+
+def test_backend_output_is_captured_per_case_and_kept_out_of_the_terminal(tmp_path):
+    result, report = run_with_reports(tmp_path, "Floods")
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "flood flood" not in result.stdout + result.stderr
+    captured = {c["case"]: c for c in report["captured_output"]}
+    assert {case for case in captured} == {r["case"] for r in report["results"]
+                                           if BAD in r["case"]}
+    for entry in captured.values():
+        assert entry["bytes"] > 8_000_000  # counted in full ...
+        assert len(entry["tail"]) <= 4096  # ... kept as a tail
+        assert "LAST LINE OF THE FLOOD" in entry["tail"]
+
+
+def test_a_backend_unavailable_in_its_worker_errs_and_fails_the_run(tmp_path):
+    result, report = run_with_reports(tmp_path, "UnavailableInWorkers")
+    assert result.returncode == 1
+    assert {r["status"] for r in report["results"]} == {"error"}
+    assert all("unavailable in the worker process: no device" in r["message"]
+               for r in report["results"])
+    parallel = cli("run", "--backend", "tests.hostile:UnavailableInWorkers", *SINKS, "-j", "2")
+    assert parallel.returncode == 1 and "ok" not in parallel.stdout.split("verdict")[1][:200]
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("MergeReturnsNone", "returned NoneType, not an AttentionState"),
+    ("MergeReturnsScalars", "whose out is float32, not a NumPy array"),
+    ("MergeReturnsWrongDtypes", "output dtype float64, want float32; lse dtype float16"),
+])
+def test_a_merge_outside_the_contract_fails_the_merge_checks(tmp_path, backend, what):
+    result, report = run_with_reports(tmp_path, backend, "--check", "merge")
+    assert result.returncode == 1
+    merge = [r for r in report["results"] if r["check"].startswith("merge/")]
+    assert merge and {r["status"] for r in merge} == {"failed"}
+    assert all(what in r["message"] and "merge" in r["message"] for r in merge)
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("EmptyAvailability", "availability() returned ''"),
+    ("FalseAvailability", "availability() returned False"),
+])
+def test_a_falsy_availability_is_an_unavailability_with_a_reason(backend, what):
+    result = cli("run", "--backend", f"tests.hostile:{backend}", *SINKS)
+    assert result.returncode == 2 and what in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("UnnamedSubclass", "does not set its own `name` (it would be reported as 'numpy'"),
+    ("PathLikeName", "name '../..' must be letters, digits"),
+])
+def test_a_backend_cannot_take_another_name_or_a_path(backend, what):
+    result = cli("run", "--backend", f"tests.hostile:{backend}", *SINKS)
+    assert result.returncode == 2 and what in result.stderr, result.stderr
+    update = cli("expectations", "update", "--backend", f"tests.hostile:{backend}")
+    assert update.returncode == 2 and what in update.stderr
+
+
+def test_two_backends_with_one_name_are_refused(tmp_path):
+    source = tmp_path / "twin.py"
+    source.write_text("from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Twin(NumpySplitK):\n    name = 'twin'\n\n"
+                      "class Other(NumpySplitK):\n    name = 'twin'\n")
+    result = cli("run", "--backend", f"{source}:Twin", "--backend", f"{source}:Other", *SINKS)
+    assert result.returncode == 2 and "both named 'twin'" in result.stderr
+
+
+def test_a_typo_in_capabilities_is_refused_when_the_backend_loads(tmp_path):
+    source = tmp_path / "typo.py"
+    source.write_text("from backends.base import Capabilities\n"
+                      "from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Typo(NumpySplitK):\n    name = 'typo'\n"
+                      "    capabilities = Capabilities(dtypes={'fp32'})\n")
+    result = cli("run", "--backend", f"{source}:Typo", *SINKS)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Capabilities.dtypes: unknown ['fp32']" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_backend_that_claims_no_case_fails_unless_allowed(tmp_path):
+    source = tmp_path / "narrow.py"
+    source.write_text("from backends.base import Capabilities\n"
+                      "from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Narrow(NumpySplitK):\n    name = 'narrow'\n"
+                      "    capabilities = Capabilities(dtypes={'bfloat16'}, features={'lse'})\n")
+    result = cli("run", "--backend", f"{source}:Narrow", *SINKS, "--report-json",
+                 tmp_path / "r.json")
+    assert result.returncode == 1
+    assert "narrow claims no check of this run" in result.stdout
+    assert "dtypes ['bfloat16']" in result.stdout
+    assert not json.loads((tmp_path / "r.json").read_text())["ok"]
+    assert cli("run", "--backend", f"{source}:Narrow", *SINKS, "--allow-empty").returncode == 0
+
+
+def test_a_backend_file_that_fails_to_import_is_one_line_and_exit_2(tmp_path):
+    source = tmp_path / "broken.py"
+    source.write_text("import numpy\nraise RuntimeError('no CUDA here')\n")
+    result = cli("run", "--backend", f"{source}:Broken", *SINKS)
+    assert result.returncode == 2
+    assert "failed to import: RuntimeError: no CUDA here" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_interrupted_run_is_not_ok_anywhere_and_a_second_signal_loses_nothing(tmp_path):
+    paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "md")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "run", "--backend", "tests.hostile:HangsInPython",
+         *SINKS, "--case-timeout", "0", "--report-json", paths["json"], "--junit-xml",
+         paths["xml"], "--summary-md", paths["md"]],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the first case passes; the second hangs for good: wait for its progress line
+    for line in process.stderr:
+        if line.startswith("1/3"):
+            break
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    stdout, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, stdout
+    report = json.loads(paths["json"].read_text())
+    assert report["interrupted"] and not report["ok"]
+    assert "INTERRUPTED" in stdout
+    junit = ET.parse(paths["xml"]).getroot()
+    assert any(e.tag == "error" and "interrupted" in e.get("message") for e in junit.iter())
+    assert "**FAIL**" in paths["md"].read_text()
+
+
+def test_reports_stay_well_formed_whatever_the_backend_prints(tmp_path):
+    source = tmp_path / "noisy.py"
+    source.write_text("from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Noisy(NumpySplitK):\n    name = 'noisy'\n\n"
+                      "    def decode(self, problem, out, lse, *, num_splits=None):\n"
+                      "        raise RuntimeError('\\x1b[31merror:\\x1b[0m nvcc said \\x00 | `x` "
+                      "*y* <b>')\n")
+    xml, md = tmp_path / "r.xml", tmp_path / "r.md"
+    result = cli("run", "--backend", f"{source}:Noisy", *SINKS, "--junit-xml", xml,
+                 "--summary-md", md)
+    assert result.returncode == 1
+    text = " ".join(e.get("message", "") + (e.text or "") for e in ET.parse(xml).iter())
+    assert "\x1b" not in text and "\x00" not in text and "error: nvcc said" in text
+    summary = md.read_text()
+    assert "\\| \\`x\\` \\*y\\* \\<b\\>" in summary and "\x1b" not in summary
+
+
+@pytest.mark.parametrize("args,what", [
+    (("--report-json", "no/such/dir/r.json"), "--report-json 'no/such/dir/r.json': the "
+                                              "directory 'no/such/dir' does not exist"),
+    (("--junit-xml", "."), "--junit-xml '.': is a directory"),
+    (("--spec", "no-such-spec.toml"), "spec 'no-such-spec.toml': no such file"),
+    (("--compare-accuracy", "README.md"), "accuracy baseline 'README.md': not valid JSON"),
+    (("--compare-accuracy", "pyproject.toml"), "not valid JSON"),
+    (("--expectations", "no-such-dir"), "--expectations 'no-such-dir': no such directory"),
+    (("-j", "-3"), "must be 0 (one per core) or more, got -3"),
+    (("--case-timeout", "nan"), "must be a number of seconds >= 0"),
+])
+def test_bad_options_are_refused_up_front_with_exit_2(args, what):
+    started = time.monotonic()
+    result = cli("run", "--backend", "numpy", "--profile", "ci", *args)
+    assert result.returncode == 2, result.stdout[-1000:] + result.stderr
+    assert what in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 20  # refused before the run, not after it
+
+
+@pytest.mark.parametrize("entry,what", [
+    ("sm_scale = nan", "field 'sm_scale' must be a finite positive number, got nan"),
+    ("sm_scale = inf", "got inf"),
+    ("context_lens = [1000000000]", "over the cap of 4096 MiB"),
+])
+def test_bad_spec_values_are_refused_before_any_backend_runs(tmp_path, entry, what):
+    spec = tmp_path / "spec.toml"
+    if not entry.startswith("context_lens"):
+        entry += "\ncontext_lens = [3]"
+    spec.write_text(f'schema = 1\n[profiles.p]\ndoc = ""\n[[family]]\nname = "f"\n'
+                    f'profiles = ["p"]\n[family.set]\nnum_qo_heads = 4\nnum_kv_heads = 2\n'
+                    f'head_dim = 8\npage_size = 4\n{entry}\n')
+    result = cli("run", "--backend", "numpy", "--spec", spec, "--profile", "p")
+    assert result.returncode == 2 and what in result.stderr, result.stderr
+
+
+def test_an_unknown_spec_schema_and_a_binary_spec_are_refused(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('schema = 99\n[profiles.p]\ndoc = ""\n')
+    result = cli("list", "--spec", spec, "--profile", "p")
+    assert result.returncode == 2 and "field 'schema' is 99" in result.stderr
+    spec.write_bytes(b"\x00\x01binary")
+    result = cli("list", "--spec", spec, "--profile", "p")
+    assert result.returncode == 2 and "is a binary file" in result.stderr
+
+
+def test_html_refuses_a_file_that_is_not_a_report(tmp_path):
+    result = cli("html", "--report-json", "pyproject.toml", "--out", tmp_path / "r.html")
+    assert result.returncode == 2 and "not valid JSON" in result.stderr
+    (tmp_path / "x.json").write_text("[1, 2]")
+    result = cli("html", "--report-json", tmp_path / "x.json", "--out", tmp_path / "r.html")
+    assert result.returncode == 2 and "not a conformance report" in result.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_in_process_mode_is_the_debugging_switch(tmp_path):
+    result = cli("run", "--backend", "tests.hostile:MutatesBeforeComputing", *SINKS,
+                 "--in-process", "--report-json", tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    # the backend still gets copies: the oracle is as pristine as when isolated
+    assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
+    assert {r["status"] for r in report["results"] if BAD in r["case"]
+            and r["check"] == "oracle/output"} == {"failed"}
+    assert os.environ.get("CONFORMANCE_NEVER_SET") is None
