@@ -307,3 +307,27 @@ def test_in_process_mode_is_the_debugging_switch(tmp_path):
     assert {r["status"] for r in report["results"] if BAD in r["case"]
             and r["check"] == "oracle/output"} == {"failed"}
     assert os.environ.get("CONFORMANCE_NEVER_SET") is None
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_known_native_crash_can_be_listed_in_a_manifest(tmp_path, jobs):
+    (tmp_path / "hostile-segfault.toml").write_text(
+        '[[expect]]\ncase = "sinks/*window8+sink*"\ncheck = "*"\n'
+        'reason = "segfaults when sinks are set (upstream issue 1)"\n')
+    result = cli("run", "--backend", "tests.hostile:Segfaults", *SINKS, "-j", jobs,
+                 f"--expectations={tmp_path}", "--report-json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stdout[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert statuses(report, BAD) == {"known-failure"}
+    assert statuses(report, GOOD) == {"passed"}
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    (narrow / "hostile-segfault.toml").write_text(
+        '[[expect]]\ncase = "sinks/*window8+sink*"\ncheck = "oracle/output"\n'
+        'reason = "the crash shows first in oracle/output"\n')
+    result = cli("run", "--backend", "tests.hostile:Segfaults", *SINKS, "-j", jobs,
+                 f"--expectations={narrow}", "--report-json", tmp_path / "n.json")
+    report = json.loads((tmp_path / "n.json").read_text())
+    listed = {r["status"] for r in report["results"] if BAD in r["case"]
+              and r["check"] == "oracle/output"}
+    assert listed == {"known-failure"} and result.returncode == 1
