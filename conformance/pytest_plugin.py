@@ -144,10 +144,16 @@ def conformance_session(request: pytest.FixtureRequest) -> ConformanceSession:
     return _session(request.config)
 
 
-def check_item(session: ConformanceSession, name: str, case: Case, family: str) -> None:
-    """Run one family and turn its results into a pytest outcome."""
+def check_item(session: ConformanceSession, name: str, case: Case, family: str,
+               node: pytest.Item | None = None) -> None:
+    """Run one family and turn its results into a pytest outcome; what the backend printed
+    becomes a section of the test's report."""
     backend = session.backend(name)
     results = evaluate(backend, case, family, session.settings, session.trial(backend, case))
+    captured = backend.handle.end_case() if backend.handle is not None else None
+    if captured is not None and node is not None:
+        node.add_report_section("call", "backend output", f"{captured.total_bytes} bytes, the "
+                                f"last {len(captured.tail)} characters:\n{captured.tail}")
     failing = [r for r in results if r.status in ("failed", "error", "unexpected-pass")]
     if failing:
         lines = []

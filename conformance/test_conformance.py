@@ -6,6 +6,6 @@ from conformance.pytest_plugin import check_item
 
 
 @pytest.mark.conformance
-def test_conformance(conformance_item, conformance_session):
+def test_conformance(conformance_item, conformance_session, request):
     backend, case, family = conformance_item
-    check_item(conformance_session, backend, case, family)
+    check_item(conformance_session, backend, case, family, request.node)
