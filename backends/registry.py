@@ -25,6 +25,10 @@ BUILTINS: dict[str, str] = {
     "triton-contiguous": "backends.triton.backends:TritonContiguous",
     "tvm-cpu": "backends.tvm.backends:TvmCpu",
     "tvm-cuda": "backends.tvm.backends:TvmCuda",
+    "torch-flex": "backends.torch.backends:TorchFlex",
+    "torch-sdpa": "backends.torch.backends:TorchSdpa",
+    "flashinfer": "backends.flashinfer.backends:FlashInferDecode",
+    "flashinfer-tc": "backends.flashinfer.backends:FlashInferTensorCores",
 }
 
 

@@ -7,12 +7,19 @@
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
+# For flashinfer and flashinfer-tc carry .flashinfer/ (../shared/tools/flashinfer-carry).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+# FlashInfer: ../shared/tools/flashinfer-carry .flashinfer (made on a CPU machine), carried
+if [[ -d .flashinfer ]]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/flashinfer .flashinfer/*.whl
+  python3 -c "import zipfile; zipfile.ZipFile('.flashinfer/flashinfer.zip').extractall('/tmp/flashinfer')"
+  export PYTHONPATH="/tmp/flashinfer:${PYTHONPATH:-}"
 fi
 [[ -d .tvm-runtime ]] && export PYTHONPATH="$PWD/.tvm-runtime:${PYTHONPATH:-}"
 [[ -d .aot ]] && export CONFORMANCE_TVM_AOT="$PWD/.aot"

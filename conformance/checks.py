@@ -238,11 +238,36 @@ def _lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget
 
 
 def check_poison(trial: Trial) -> list[Outcome]:
-    """Every output and LSE slot is written, on two runs with two different poisons."""
+    """Every output and LSE slot is written (two runs, two poisons), and NaN in the slots a
+    kernel must not read never reaches an output."""
+    return [_unwritten(trial), _masked_nan(trial)]
+
+
+def _masked_nan(trial: Trial) -> Outcome:
+    """The same problem with NaN, not garbage, where nothing may be read: reading masked slots
+    and zeroing their weight passes ``oracle`` but turns this NaN into output."""
+    check = "poison/masked-nan"
+    problem = materialise(trial.case, masked="nan")
+    run = trial.decode(problem, POISONS[1])
+    if run.exception:
+        return errored(check, run)
+    bad_out = np.isnan(np.asarray(run.out, dtype=np.float64)).any(axis=-1)
+    bad = bad_out | np.isnan(run.lse)
+    if not bad.any():
+        return Outcome(check, "passed")
+    b, h = (int(i) for i in np.argwhere(bad)[0])
+    return Outcome(check, "failed", message=(
+        f"NaN in the slots the kernel must not read reached {int(bad.sum())} (batch, head) "
+        f"rows of output or LSE (first at [batch {b}, head {h}]); with finite values there "
+        f"the kernel is judged by oracle, so it reads masked slots and weights them by zero"))
+
+
+def _unwritten(trial: Trial) -> Outcome:
+    check = "poison/unwritten"
     problems = []
     for run, poison in ((trial.first_run, POISONS[0]), (trial.second_run, POISONS[1])):
         if run.exception:
-            return [errored("poison", run)]
+            return errored(check, run)
         for name, array in (("output", run.out), ("lse", run.lse)):
             values = np.asarray(array, dtype=np.float64)
             stale = np.isnan(values) if math.isnan(poison) else values == poison
@@ -251,8 +276,8 @@ def check_poison(trial: Trial) -> list[Outcome]:
                 problems.append(f"{int(stale.sum())} {name} slots still hold poison {poison} "
                                 f"(first at index {where})")
     if problems:
-        return [Outcome("poison", "failed", message="; ".join(problems))]
-    return [Outcome("poison", "passed")]
+        return Outcome(check, "failed", message="; ".join(problems))
+    return Outcome(check, "passed")
 
 
 def check_purity(trial: Trial) -> list[Outcome]:

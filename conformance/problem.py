@@ -2,7 +2,11 @@
 
 Logical values (what each sequence holds) are drawn from the case's seed; the layout (which
 physical page holds what) from a separate layout seed, so the checks can lay the same values
-out again and expect the same answer. Every slot a kernel must not read is NaN.
+out again and expect the same answer. Every slot a kernel must not read holds finite garbage
+chosen to change the answer far beyond any budget if it is attended to (large scores, values
+of +-1000); the ``poison/masked-nan`` check lays the same problem out with NaN there instead,
+so a kernel that reads masked slots and zeroes their weight (0 x NaN) is one finding, not a
+failure of every check.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from references import kept_tokens
 
 # Output poisons: a first run sees NaN, a second run a finite value no real output takes.
 POISONS = (float("nan"), -12288.0)
+# What fills the slots a kernel must not read: "garbage" (finite, adversarial) or "nan".
+MASKED_FILLS = ("garbage", "nan")
+GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query
+GARBAGE_VALUE = 1000.0  # magnitude of a garbage value
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,13 @@ class LogicalKV:
         return [k.shape[0] for k in self.keys]
 
     def lay_out(self, page_size: int, layout_seed: int, table_padding: int = 3,
-                shared_pages: int = 0) -> Problem:
+                shared_pages: int = 0, masked: str = "garbage") -> Problem:
         """Page the sequences into a shuffled pool larger than needed.
 
-        Physical page 0 is never used (a ``-1`` read as page 0 meets NaN); pages that the
+        Physical page 0 is never used (a ``-1`` read as page 0 meets garbage); pages that the
         window evicts entirely are ``-1`` in the table; the first ``shared_pages`` pages of
-        every long-enough sequence are the first sequence's physical pages.
+        every long-enough sequence are the first sequence's physical pages. Every slot no
+        sequence reads holds ``masked``: garbage or NaN; the layout is the same for both.
         """
         rng = np.random.default_rng(layout_seed)
         lens = self.context_lens
@@ -122,8 +131,16 @@ class LogicalKV:
                     if needed[b][j] and needed[0][j]:
                         table[b, j] = table[0, j]
         dtype = self.q.dtype
-        k_pages = np.full((num_pages, page_size, num_kv_heads, head_dim), np.nan, dtype=dtype)
-        v_pages = np.full_like(k_pages, np.nan)
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        if masked == "nan":
+            k_pages = np.full(shape, np.nan, dtype=dtype)
+            v_pages = np.full_like(k_pages, np.nan)
+        elif masked == "garbage":
+            key_scale = GARBAGE_SCORE / (math.sqrt(head_dim) * self.sm_scale)
+            k_pages = (rng.standard_normal(shape, dtype=np.float32) * key_scale).astype(dtype)
+            v_pages = (np.where(rng.random(shape) < 0.5, -1.0, 1.0) * GARBAGE_VALUE).astype(dtype)
+        else:
+            raise ValueError(f"masked fill {masked!r}; known: {', '.join(MASKED_FILLS)}")
         for b, n in enumerate(lens):
             positions = kept_tokens(n, self.window, self.sinks)
             pages = table[b, positions // page_size]
@@ -183,10 +200,11 @@ def logical_kv(case: Case) -> LogicalKV:
                      window=case.window, sinks=case.sinks)
 
 
-def materialise(case: Case, layout_seed: int | None = None) -> Problem:
+def materialise(case: Case, layout_seed: int | None = None, masked: str = "garbage") -> Problem:
     """The canonical problem of a case, laid out from its seed (or another layout seed)."""
     seed = case.seed + 1 if layout_seed is None else layout_seed
-    return logical_kv(case).lay_out(case.page_size, seed, case.table_padding, case.shared_pages)
+    return logical_kv(case).lay_out(case.page_size, seed, case.table_padding, case.shared_pages,
+                                    masked)
 
 
 def poisoned_outputs(problem: Problem, poison: float) -> tuple[np.ndarray, np.ndarray]:

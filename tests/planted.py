@@ -101,7 +101,8 @@ class MutatesInput(NumpySplitK):
 
 
 class MinusOneAsPageZero(NumpySplitK):
-    """Reads a ``-1`` block-table entry as physical page 0 and trusts what it finds there."""
+    """Reads a ``-1`` block-table entry as physical page 0, unmasked, and relies on the
+    window's zero weights there: exact with finite garbage in page 0, NaN with NaN."""
 
     name = "bug-minus-one-as-page-zero"
 
@@ -189,9 +190,36 @@ class NaiveExpMerge(NumpySplitK):
         return AttentionState(out=out.astype(a.out.dtype), lse=lse.astype(F32))
 
 
+class AttendsToOneMaskedSlot(NumpySplitK):
+    """Lets the slot just past the end of each context in (where it lies in a live page)."""
+
+    name = "bug-attends-to-one-masked-slot"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        valid = super().valid_tokens(tokens, start, end, problem, context_len)
+        if end == context_len:
+            valid |= tokens == context_len
+        return valid
+
+
+class MasksByZeroWeight(NumpySplitK):
+    """Loads masked slots as they are and relies on a zero softmax weight: 0 x NaN is NaN.
+
+    Exact with finite values there, so only ``poison/masked-nan`` may catch it."""
+
+    name = "bug-masks-by-zero-weight"
+
+    def load_page(self, problem, block, valid):
+        if block < 0:
+            return None
+        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
+
+
 # (bug, the check that must catch it). A check is "family/sub-check" or a prefix of one.
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
-    (EmptyRowsUnwritten, "poison"),
+    (EmptyRowsUnwritten, "poison/unwritten"),
+    (AttendsToOneMaskedSlot, "oracle/output"),
+    (MasksByZeroWeight, "poison/masked-nan"),
     (ReadsPastPartialPage, "oracle/output"),
     (ModuloHeadMapping, "oracle/output"),
     (ModuloHeadMapping, "invariance/gqa-as-mha"),
@@ -200,7 +228,7 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (WindowOffByOne, "oracle/output"),
     (SinksIgnored, "oracle/output"),
     (MutatesInput, "purity"),
-    (MinusOneAsPageZero, "oracle/output"),
+    (MinusOneAsPageZero, "poison/masked-nan"),
     (SplitsAveraged, "oracle/output"),
     (SplitsAveraged, "invariance/split-count"),
     (Nondeterministic, "determinism"),

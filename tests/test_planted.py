@@ -15,7 +15,8 @@ def test_numpy_backend_passes_every_check_of_the_ci_profile():
     statuses = {r.status for r in report.results}
     assert statuses == {"passed"}, statuses
     checks = {r.check for r in report.results}
-    for expected in ("oracle/output", "oracle/lse", "poison", "purity", "determinism",
+    for expected in ("oracle/output", "oracle/lse", "poison/unwritten", "poison/masked-nan",
+                     "purity", "determinism",
                      "merge/segments-page", "merge/segments-inside-page",
                      "merge/segments-empty-segments", "merge/identity", "merge/commutative",
                      "merge/associative", "merge/both-empty", "merge/lse-gap",
@@ -34,3 +35,12 @@ def test_planted_bug_is_caught_by_its_check(bug, check):
     assert caught, f"{bug.__name__} slipped past {check}"
     assert all(r.status == "failed" for r in caught), {r.status for r in caught}
     assert all(r.message and r.reproducer for r in caught)
+
+
+def test_a_kernel_that_zeroes_masked_slots_fails_only_the_masked_nan_check():
+    """One finding must not blind the suite: with finite garbage in masked slots, a kernel
+    that reads them and multiplies by a zero weight is exact everywhere else."""
+    backend = open_backend("tests.planted:MasksByZeroWeight")
+    report = run([backend], CI_CASES, RunSettings(profile="ci"))
+    failing = {r.check for r in report.failures}
+    assert failing == {"poison/masked-nan"}, failing

@@ -1,4 +1,5 @@
-"""Materialisation is adversarial: NaN where nothing may be read, shuffled and shared pages."""
+"""Materialisation is adversarial: garbage (or NaN) where nothing may be read, shuffled and
+shared pages."""
 
 import math
 
@@ -26,13 +27,30 @@ def slot_roles(problem):
 
 
 @pytest.mark.parametrize("case", default_spec().cases("ci")[::7], ids=lambda c: c.id)
-def test_every_slot_not_read_is_nan_and_every_read_slot_is_finite(case):
-    problem = materialise(case)
+def test_every_slot_not_read_is_nan_in_the_nan_layout_and_the_layouts_agree(case):
+    garbage, problem = materialise(case), materialise(case, masked="nan")
     read = slot_roles(problem)
     values = problem.k_pages.astype(np.float32)
     assert np.isnan(values[~read]).all()
     assert np.isfinite(values[read]).all()
     assert np.isnan(problem.v_pages.astype(np.float32)[~read]).all()
+    # the same layout, only the masked fill differs
+    assert (garbage.block_table == problem.block_table).all()
+    assert (garbage.k_pages[read] == problem.k_pages[read]).all()
+    assert np.isfinite(garbage.k_pages.astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("case", default_spec().cases("ci")[::7], ids=lambda c: c.id)
+def test_garbage_would_change_the_answer_far_beyond_any_budget(case):
+    problem = materialise(case)
+    read = slot_roles(problem)
+    values = np.abs(problem.v_pages.astype(np.float32)[~read])
+    assert (values == 1000.0).all()
+    if (~read).any() and case.distribution != "uniform":
+        # a normal query meets scores of ~20 standard deviations among the garbage keys
+        keys = problem.k_pages.astype(np.float64)[~read]
+        scale = np.std(keys) * math.sqrt(case.head_dim) * case.scale
+        assert scale > 10
 
 
 def test_pool_is_larger_than_needed_and_page_zero_is_never_used():

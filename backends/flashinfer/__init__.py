@@ -1,0 +1,1 @@
+"""FlashInfer's paged decode and merge kernels as suite backends (CUDA only)."""

@@ -1,0 +1,159 @@
+"""Adapters for FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` and ``merge_state``.
+
+The canonical NHD pages are FlashInfer's own layout; the adapter builds its CSR page table
+(``indptr``, ``indices``, ``last_page_len``) from the block table and declares what FlashInfer
+documents: a base-2 LSE (``state.cuh``: ``m + log2(d)``), also what ``cascade.merge_state``
+takes and returns. A sliding window is ``window_left = window - 1``; pages the window evicted
+entirely (``-1`` inside the context) are given to FlashInfer as physical page 0, which no
+sequence owns and which holds garbage (or NaN): the window must keep the kernel from attending
+to them. FlashInfer's ``sinks`` argument is per-head sink *logits*, not kept tokens, so
+StreamingLLM sinks are not claimed (two passes merged with ``merge_state`` would do them;
+the adapter does not pretend that is one kernel).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from functools import cache
+
+import numpy as np
+
+from backends.base import AttentionState, Backend, Capabilities, Conventions
+from backends.triton.runtime import to_numpy, to_torch
+
+WORKSPACE_BYTES = 256 * 1024 * 1024
+# BatchDecodeWithPagedKVCacheWrapper's CUDA-core path: group sizes it dispatches
+# (others raise "Unsupported group_size"); use_tensor_cores takes the prefill kernels.
+CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})
+
+
+@cache
+def load_flashinfer():
+    """The ``flashinfer`` package, or its decode and cascade modules alone when importing
+    the whole package fails for an optional dependency the machine lacks."""
+    try:
+        import flashinfer
+
+        return flashinfer
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        package = types.ModuleType("flashinfer")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["flashinfer"] = package
+        import flashinfer.cascade
+        import flashinfer.decode
+
+        package.BatchDecodeWithPagedKVCacheWrapper = \
+            flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper
+        package.merge_state = flashinfer.cascade.merge_state
+        return package
+
+
+def csr_page_table(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FlashInfer's ``indptr``, ``indices`` and ``last_page_len`` (int32) for the problem."""
+    ps = problem.page_size
+    indices, indptr, last = [], [0], []
+    for b in range(problem.batch):
+        n = int(problem.context_lens[b])
+        pages = problem.block_table[b, :-(-n // ps)] if n else problem.block_table[b, :0]
+        indices.extend(np.where(pages >= 0, pages, 0).tolist())  # evicted: page 0 (garbage)
+        indptr.append(len(indices))
+        last.append(n - (len(pages) - 1) * ps if n else 0)
+    return (np.asarray(indptr, np.int32), np.asarray(indices, np.int32),
+            np.asarray(last, np.int32))
+
+
+class FlashInferDecode(Backend):
+    """``BatchDecodeWithPagedKVCacheWrapper`` on the canonical NHD pages."""
+
+    name = "flashinfer"
+    description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper (CUDA cores), NHD pages, "
+                   "CSR page table; cascade.merge_state as the merge")
+    capabilities = Capabilities(dtypes=frozenset({"float16", "bfloat16"}),
+                                head_dims=frozenset({64, 128, 256}),
+                                group_sizes=CUDA_CORE_GROUP_SIZES,
+                                features=frozenset({"lse", "merge", "sliding_window"}),
+                                devices=("cuda",))
+    conventions = Conventions(lse_base=2.0)
+    use_tensor_cores = False
+
+    @classmethod
+    def availability(cls) -> str | None:
+        try:
+            import torch
+        except ImportError as exc:
+            return f"torch is not importable ({exc})"
+        if not torch.cuda.is_available():
+            return "FlashInfer needs a CUDA GPU; none is visible"
+        try:
+            load_flashinfer()
+        except Exception as exc:
+            return f"flashinfer is not importable ({type(exc).__name__}: {exc}); pip install " \
+                   f"-e '.[flashinfer]'"
+        return None
+
+    def __init__(self) -> None:
+        import torch
+
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+    def notes(self) -> list[str]:
+        flashinfer = load_flashinfer()
+        return [f"flashinfer {getattr(flashinfer, '__version__', '(version unknown)')}, "
+                f"use_tensor_cores={self.use_tensor_cores}"]
+
+    def timing_device(self) -> str:
+        return "cuda"
+
+    def decode(self, problem, out, lse, *, num_splits=None) -> None:
+        import torch
+
+        call = self.prepare(problem, out, lse)
+        call()
+        torch.cuda.synchronize()
+        out[...] = to_numpy(self.results[0], out)
+        lse[...] = to_numpy(self.results[1] * np.log(2.0), lse)  # base 2 -> natural
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        flashinfer = load_flashinfer()
+        indptr, indices, last = (to_torch(a, "cuda") for a in csr_page_table(problem))
+        q = to_torch(problem.q, "cuda")
+        k, v = to_torch(problem.k_pages, "cuda"), to_torch(problem.v_pages, "cuda")
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_tensor_cores=self.use_tensor_cores)
+        wrapper.plan(indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
+                     problem.head_dim, problem.page_size,
+                     window_left=problem.window - 1 if problem.window is not None else -1,
+                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale)
+
+        def call() -> None:
+            self.results = wrapper.run(q, (k, v), return_lse=True)
+        return call
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        import torch
+
+        flashinfer = load_flashinfer()
+        to_base2 = np.float32(1.0 / np.log(2.0))
+        v, s = flashinfer.merge_state(to_torch(a.out, "cuda"), to_torch(a.lse * to_base2, "cuda"),
+                                      to_torch(b.out, "cuda"), to_torch(b.lse * to_base2, "cuda"))
+        torch.cuda.synchronize()
+        return AttentionState(out=to_numpy(v, a.out),
+                              lse=(to_numpy(s, a.lse) / to_base2).astype(np.float32))
+
+
+class FlashInferTensorCores(FlashInferDecode):
+    name = "flashinfer-tc"
+    description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): the "
+                   "prefill kernels, any group size; cascade.merge_state as the merge")
+    capabilities = Capabilities(dtypes=frozenset({"float16", "bfloat16"}),
+                                head_dims=frozenset({64, 128, 256}),
+                                features=frozenset({"lse", "merge", "sliding_window"}),
+                                devices=("cuda",))
+    use_tensor_cores = True
+

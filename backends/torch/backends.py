@@ -1,0 +1,201 @@
+"""Adapters for PyTorch's attention kernels: they convert layouts and declare conventions.
+
+``torch-flex`` runs ``flex_attention`` over the whole page pool, flattened to one sequence
+``(1, kv_heads, pages * page_size, dim)``, with a block mask whose ``mask_mod`` maps each
+physical slot back to its sequence and position and applies the window and the sinks: no
+page is gathered. Uncompiled on a CPU (PyTorch's dense reference path), compiled with
+``torch.compile`` on CUDA (the flex-decoding kernel serving stacks use).
+
+``torch-sdpa`` gathers each sequence's pages into a contiguous cache (outside the timed call)
+and calls the op ``F.scaled_dot_product_attention`` dispatches to, in the variant that
+returns the LSE: ``_scaled_dot_product_flash_attention_for_cpu`` on a CPU,
+``_scaled_dot_product_efficient_attention`` on CUDA. Neither library has a merge kernel the
+suite could call: no ``merge`` feature.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+from backends.base import Backend, Capabilities
+from backends.triton.runtime import to_numpy, to_torch
+
+FEATURES = frozenset({"lse", "sliding_window", "sinks"})
+
+
+def torch_unavailable() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return f"torch is not importable ({exc}); pip install -e '.[torch]'"
+    return None
+
+
+@cache
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TorchBackend(Backend):
+    """Uploads the problem, runs the op ``prepare`` binds, copies the results back."""
+
+    @classmethod
+    def availability(cls) -> str | None:
+        return torch_unavailable()
+
+    def decode(self, problem, out, lse, *, num_splits=None) -> None:
+        result = self.prepare(problem, out, lse, num_splits=num_splits)
+        result()
+        self.write_back(out, lse)
+
+    def write_back(self, out: np.ndarray, lse: np.ndarray) -> None:
+        out_t, lse_t = self.results
+        out[...] = to_numpy(out_t, out)
+        lse[...] = to_numpy(lse_t, lse)
+
+    def timing_device(self) -> str:
+        return device()
+
+    def upload(self, array: np.ndarray):
+        return to_torch(array, device())
+
+
+def slot_positions(problem) -> np.ndarray:
+    """``(batch, pages * page_size)`` int32: the position each physical slot holds in each
+    sequence, -1 where it holds none of that sequence's tokens (window and sinks not applied:
+    that is the mask function's job)."""
+    slots = np.full((problem.batch, problem.k_pages.shape[0] * problem.page_size), -1,
+                    dtype=np.int32)
+    for b in range(problem.batch):
+        positions = np.arange(int(problem.context_lens[b]))
+        pages = problem.block_table[b, positions // problem.page_size]
+        live = pages >= 0  # a page the window evicted entirely is -1 in the table
+        slots[b, pages[live] * problem.page_size + positions[live] % problem.page_size] = \
+            positions[live]
+    return slots
+
+
+class TorchFlex(TorchBackend):
+    name = "torch-flex"
+    description = ("torch flex_attention over the flattened page pool, a block mask mapping "
+                   "slots to (sequence, position); compiled on CUDA, eager on a CPU")
+    capabilities = Capabilities(features=FEATURES, devices=("cpu", "cuda"))
+
+    @classmethod
+    def availability(cls) -> str | None:
+        reason = torch_unavailable()
+        if reason:
+            return reason
+        from torch.nn.attention import flex_attention
+
+        if not hasattr(flex_attention, "AuxRequest"):
+            return "this torch has no flex_attention AuxRequest (torch >= 2.9 returns the LSE so)"
+        return None
+
+    def __init__(self) -> None:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.compiled = device() == "cuda"
+        if self.compiled:
+            # every shape of the spec compiles once; the default limit of 8 would fall back
+            # to the eager path silently
+            torch._dynamo.config.cache_size_limit = 4096
+            torch._dynamo.config.accumulated_cache_size_limit = 4096
+            self.flex = torch.compile(flex_attention, dynamic=False)
+        else:
+            self.flex = flex_attention
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        import torch
+        from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+
+        batch, hq, d = problem.q.shape
+        hkv, slots_total = problem.num_kv_heads, problem.k_pages.shape[0] * problem.page_size
+        q = self.upload(problem.q).reshape(batch, hq, 1, d)
+        k = self.upload(problem.k_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
+        v = self.upload(problem.v_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
+        positions = self.upload(slot_positions(problem))
+        context = self.upload(problem.context_lens)
+        window, sinks = problem.window, problem.sinks
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            position = positions[b, kv_idx]
+            keep = position >= 0
+            if window is not None:
+                keep = keep & ((position >= context[b] - window) | (position < sinks))
+            return keep
+
+        block_mask = create_block_mask(mask_mod, batch, None, 1, slots_total, device=device())
+        scale = float(problem.sm_scale)
+
+        def call() -> None:
+            output, aux = self.flex(q, k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1),
+                                    block_mask=block_mask, scale=scale, enable_gqa=hq != hkv,
+                                    return_aux=AuxRequest(lse=True))
+            self.results = (output.reshape(batch, hq, d), aux.lse.reshape(batch, hq))
+        self.results = (torch.empty(0), torch.empty(0))
+        return call
+
+
+def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys and values gathered into ``(batch, kv_heads, longest, dim)`` (zeros past a
+    sequence) and whether each position is attended to (window and sinks applied)."""
+    longest = max(1, int(problem.context_lens.max(initial=0)))
+    shape = (problem.batch, longest, problem.num_kv_heads, problem.head_dim)
+    keys = np.zeros(shape, dtype=problem.dtype)
+    values = np.zeros(shape, dtype=problem.dtype)
+    attended = np.zeros((problem.batch, longest), dtype=bool)
+    for b in range(problem.batch):
+        kept = problem.kept(b)
+        pages = problem.block_table[b, kept // problem.page_size]
+        keys[b, kept] = problem.k_pages[pages, kept % problem.page_size]
+        values[b, kept] = problem.v_pages[pages, kept % problem.page_size]
+        attended[b, kept] = True
+    return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), attended
+
+
+class TorchSdpa(TorchBackend):
+    name = "torch-sdpa"
+    description = ("the LSE-returning op behind F.scaled_dot_product_attention over pages "
+                   "gathered into a contiguous cache (flash for CPU, memory-efficient on CUDA)")
+    capabilities = Capabilities(features=FEATURES, devices=("cpu", "cuda"))
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        import torch
+
+        batch, hq, d = problem.q.shape
+        keys, values, attended = contiguous_cache(problem)
+        scale = float(problem.sm_scale)
+        q = self.upload(problem.q).reshape(batch, hq, 1, d)
+        if device() == "cuda":
+            # the memory-efficient kernel wants one KV head per query head and a bias whose
+            # last dimension is a multiple of 16
+            group = problem.group_size
+            k = self.upload(np.ascontiguousarray(np.repeat(keys, group, axis=1)))
+            v = self.upload(np.ascontiguousarray(np.repeat(values, group, axis=1)))
+            padded = -(-attended.shape[1] // 16) * 16
+            bias = np.full((batch, hq, 1, padded), -np.inf, dtype=np.float32)
+            bias[:, :, 0, :attended.shape[1]] = np.where(attended, 0.0, -np.inf)[:, None]
+            bias_t = self.upload(bias).to(q.dtype)[..., :attended.shape[1]]
+            op = torch.ops.aten._scaled_dot_product_efficient_attention
+
+            def call() -> None:
+                output, log_sum_exp, _, _ = op(q, k, v, bias_t, True, 0.0, False, scale=scale)
+                self.results = (output.reshape(batch, hq, d), log_sum_exp[..., 0])
+        else:
+            k = self.upload(np.ascontiguousarray(keys))
+            v = self.upload(np.ascontiguousarray(values))
+            mask = self.upload(np.where(attended, 0.0, -np.inf).astype(np.float32)
+                               .reshape(batch, 1, 1, -1)).to(q.dtype)
+            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+            def call() -> None:
+                output, log_sum_exp = op(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+                self.results = (output.reshape(batch, hq, d), log_sum_exp.reshape(batch, hq))
+        self.results = (torch.empty(0), torch.empty(0))
+        return call
