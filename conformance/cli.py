@@ -124,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
     drawing.add_argument("--bench-json", type=Path, help="results of `bench --report-json`")
     drawing.add_argument("--out", type=Path, required=True)
 
+    summarising = sub.add_parser("summary", help="a Markdown table across backends from saved "
+                                                 "JSON reports")
+    summarising.add_argument("reports", nargs="+", metavar="REPORT[=MACHINE][@BACKEND,...]",
+                             help="a --report-json file (.json or .json.gz), optionally with "
+                                  "the machine to name it by and the backends to take from it")
+
     building = sub.add_parser("build", help="ahead-of-time build of a backend's kernels")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
@@ -415,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_build(args)
         if args.command == "html":
             return _cmd_html(args)
+        if args.command == "summary":
+            from conformance.summary import markdown, parse_source
+
+            print(markdown([parse_source(text) for text in args.reports]), end="")
+            return 0
         if args.command == "expectations":
             return _cmd_expectations(args)
         out = args.out or Path(f"{args.name.replace('-', '_')}.py")

@@ -2,7 +2,9 @@
 
 ``expectations/<backend>.toml`` holds ``[[expect]]`` entries with ``case`` and ``check``
 patterns (``*`` and ``?`` wildcards, whole-string), a ``reason`` and an optional
-``link``. A listed failure is a
+``link``, an optional ``except`` (case patterns the entry leaves out) and an optional
+``device`` ("cpu" or "cuda": the entry holds only where the
+backend runs there, for kernels whose behaviour differs by device). A listed failure is a
 ``known-failure``; a listed check that passes is an ``unexpected-pass`` and fails the run
 until the entry is removed; an entry that matches nothing is *stale*.
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 from conformance.inputs import read_text
 
 EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
-_KEYS = {"case", "check", "reason", "link"}
+_KEYS = {"case", "check", "reason", "link", "device", "except"}
+DEVICES = ("cpu", "cuda")
 
 
 class ManifestError(ValueError):
@@ -31,8 +34,14 @@ class Expectation:
     reason: str
     link: str = ""
     line: int = 0
+    device: str = ""  # "" for every device
+    excluded: tuple[str, ...] = ()  # case patterns the entry leaves out
 
-    def matches(self, case_id: str, check: str) -> bool:
+    def matches(self, case_id: str, check: str, device: str | None = None) -> bool:
+        if self.device and device is not None and self.device != device:
+            return False
+        if any(glob_match(pattern, case_id) for pattern in self.excluded):
+            return False
         return glob_match(self.case, case_id) and (
             glob_match(self.check, check) or glob_match(self.check, check.split("/", 1)[0]))
 
@@ -50,13 +59,14 @@ class Manifest:
     entries: list[Expectation] = field(default_factory=list)
     path: Path | None = None
 
-    def lookup(self, case_id: str, check: str) -> Expectation | None:
-        return next((e for e in self.entries if e.matches(case_id, check)), None)
+    def lookup(self, case_id: str, check: str, device: str | None = None) -> Expectation | None:
+        return next((e for e in self.entries if e.matches(case_id, check, device)), None)
 
-    def stale(self, checked: list[tuple[str, str]]) -> list[Expectation]:
+    def stale(self, checked: list[tuple[str, str]], device: str | None = None
+              ) -> list[Expectation]:
         """Entries that match none of the (case id, check) pairs a run produced."""
         return [e for e in self.entries
-                if not any(e.matches(case_id, check) for case_id, check in checked)]
+                if not any(e.matches(case_id, check, device) for case_id, check in checked)]
 
     def placeholders(self) -> list[Expectation]:
         return [e for e in self.entries if e.reason == PLACEHOLDER]
@@ -95,19 +105,27 @@ def load_manifest(backend: str, directory: Path | None = None) -> Manifest:
             if not isinstance(value, str) or not value.strip():
                 raise ManifestError(f"{where}: field {key!r} must be a non-empty string, "
                                     f"got {value!r}")
+        device = raw.get("device", "")
+        if device not in ("", *DEVICES):
+            raise ManifestError(f"{where}: field 'device' must be one of {', '.join(DEVICES)}, "
+                                f"got {device!r}")
+        excluded = raw.get("except", [])
+        if not isinstance(excluded, list) or not all(isinstance(p, str) and p for p in excluded):
+            raise ManifestError(f"{where}: field 'except' must be a list of case patterns, got "
+                                f"{excluded!r}")
         entries.append(Expectation(raw["case"], raw["check"], raw["reason"],
-                                   raw.get("link", ""), line))
+                                   raw.get("link", ""), line, device, tuple(excluded)))
     return Manifest(backend, entries, path)
 
 
-def apply(manifest: Manifest, case_id: str,
-          checks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def apply(manifest: Manifest, case_id: str, checks: list[tuple[str, str]],
+          device: str | None = None) -> list[tuple[str, str]]:
     """Statuses after the manifest for one case's ``(check, status)`` pairs, with notes.
 
     An entry turns the failures it matches into ``known-failure``. If everything it matches
     in this group passed, those passes are ``unexpected-pass``: the entry is out of date.
     """
-    entries = [manifest.lookup(case_id, check) for check, _ in checks]
+    entries = [manifest.lookup(case_id, check, device) for check, _ in checks]
     failing_entries = {id(entry) for entry, (_, status) in zip(entries, checks, strict=True)
                        if entry is not None and status in ("failed", "error")}
     results = []

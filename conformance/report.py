@@ -116,7 +116,8 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "spec": report.settings.spec_path or "built-in",
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "numpy": np.__version__},
-        "backends": [b.describe() for b in report.backends],
+        "backends": [{**b.describe(), "device": report.devices.get(b.label, "")}
+                     for b in report.backends],
         "summary": summary,
         "ok": report.ok,
         "interrupted": report.interrupted,

@@ -65,6 +65,11 @@ class BackendRun:
     handle: BackendHandle | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def device(self) -> str | None:
+        """Where the backend runs, for manifest entries that name a device."""
+        return self.handle.device() if self.handle is not None else None
+
     def connect(self, isolated: bool = True) -> BackendHandle:
         if self.handle is None:
             self.handle = (IsolatedBackend(self.cls, self.label, self.target) if isolated
@@ -187,7 +192,9 @@ def results_of(backend: BackendRun, case: Case, outcomes: list[Outcome],
                settings: RunSettings) -> list[Result]:
     """Outcomes as reported results: the expectation manifest applied, a reproducer each."""
     results = []
-    statuses = apply(backend.manifest, case.id, [(o.check, o.status) for o in outcomes])
+    device = backend.device if any(e.device for e in backend.manifest.entries) else None
+    statuses = apply(backend.manifest, case.id, [(o.check, o.status) for o in outcomes],
+                     device)
     for outcome, (status, note) in zip(outcomes, statuses, strict=True):
         message = "; ".join(part for part in (outcome.message, note) if part)
         budget = outcome.budget
@@ -206,6 +213,7 @@ class CaseRecord:
 
     results: list[Result]
     captured: Captured | None = None
+    device: str | None = None  # where the backend ran ("cpu", "cuda"), when it could say
 
 
 @dataclass
@@ -217,6 +225,7 @@ class RunReport:
     strict_manifest: bool = False
     interrupted: str = ""  # why the run stopped early, if it did
     captured: dict[tuple[str, str], Captured] = field(default_factory=dict)
+    devices: dict[str, str] = field(default_factory=dict)  # backend label -> where it ran
 
     @property
     def failures(self) -> list[Result]:
@@ -270,7 +279,7 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
     trial = Trial(handle, case)
     results = [result for family in settings.families
                for result in evaluate(backend, case, family, settings, trial)]
-    return CaseRecord(results, handle.end_case())
+    return CaseRecord(results, handle.end_case(), handle.device())
 
 
 # Per worker process of ``-j``: the backends it has opened, by target.
@@ -338,9 +347,11 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         if index in collected:
             record = collected[index]
             report.results.extend(record.results)
+            backend, case = tasks[index]
             if record.captured is not None:
-                backend, case = tasks[index]
                 report.captured[(backend.label, case.id)] = record.captured
+            if record.device:
+                report.devices[backend.label] = record.device
     return report
 
 

@@ -143,9 +143,14 @@ def call_timing_device(backend: Backend) -> tuple[str, float | None, dict[str, s
                                       "torch": torch.__version__}
 
 
+def call_device(backend: Backend) -> str:
+    return str(backend.timing_device())
+
+
 CALLS: dict[str, Callable[..., Any]] = {
     "decode": call_decode, "merge": call_merge, "unsupported_reason": call_unsupported_reason,
     "notes": call_notes, "bench": call_bench, "timing_device": call_timing_device,
+    "device": call_device,
 }
 
 
@@ -214,6 +219,15 @@ class BackendHandle:
 
     def notes(self) -> list[str]:
         return []
+
+    def device(self) -> str | None:
+        """Where the backend runs ("cpu", "cuda"), asked once; None if it cannot say."""
+        if not hasattr(self, "_device"):
+            try:
+                self._device = self.call("device")
+            except (BackendError, ContractError):
+                return None
+        return self._device
 
     def begin_case(self, timeout: float | None) -> None:
         """Start the clock of a case; ``timeout`` None or 0 means none."""

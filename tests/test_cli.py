@@ -164,3 +164,42 @@ def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
     data = json.loads(report.read_text())
     assert data["interrupted"].startswith("interrupted after") and not data["ok"]
     assert 0 < len({r["case"] for r in data["results"]}) < 168
+
+
+def test_summary_tabulates_saved_reports_with_their_findings(tmp_path):
+    manifests = tmp_path / "expectations"
+    manifests.mkdir()
+    (manifests / "bug-window-off-by-one.toml").write_text(
+        '[[expect]]\ncase = "*window*"\ncheck = "oracle/output"\n'
+        'reason = "off by one"\nlink = "docs/findings/off-by-one.md"\n')
+    planted, plain = tmp_path / "planted.json", tmp_path / "numpy.json.gz"
+    cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke", "--check",
+        "oracle", f"--expectations={manifests}", "--report-json", str(planted))
+    cli("run", "--backend", "numpy", "--profile", "smoke", "--report-json",
+        str(tmp_path / "numpy.json"))
+    import gzip
+
+    plain.write_bytes(gzip.compress((tmp_path / "numpy.json").read_bytes()))
+    result = cli("summary", f"{planted}=laptop", f"{plain}=laptop@numpy")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| backend | machine | profile | cases claimed")
+    bug = next(line for line in lines if line.startswith("| bug-window-off-by-one"))
+    cells = [c.strip() for c in bug.strip("|").split("|")]
+    assert cells[1] == "laptop, cpu" and cells[2] == "smoke" and cells[3] == "16"
+    assert int(cells[5]) > 0 and cells[7] == "0"  # known failures, nothing unexpected
+    assert cells[8] == "[off-by-one](docs/findings/off-by-one.md)"
+    assert any(line.startswith("| numpy | laptop, cpu | smoke | 16 |") for line in lines)
+    missing = cli("summary", f"{plain}@nope")
+    assert missing.returncode == 2 and "has no backend 'nope'" in missing.stderr
+
+
+def test_gpu_only_backends_are_unavailable_on_a_cpu_with_their_reason():
+    result = cli("backends")
+    for name in ("flashinfer", "flashinfer-tc"):
+        assert f"{name}: unavailable: FlashInfer needs a CUDA GPU" in result.stdout or \
+            f"{name}: available" in result.stdout
+    run = cli("run", "--backend", "flashinfer", "--profile", "smoke")
+    assert run.returncode in (0, 2)
+    if run.returncode == 2:
+        assert "is unavailable here: FlashInfer needs a CUDA GPU" in run.stderr

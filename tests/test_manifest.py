@@ -64,3 +64,34 @@ def test_the_shipped_manifests_load():
     from conformance.manifest import EXPECTATIONS_DIR
     for path in EXPECTATIONS_DIR.glob("*.toml"):
         load_manifest(path.stem)
+
+
+def test_an_entry_for_another_device_does_not_apply(tmp_path):
+    # the NumPy backend runs on the CPU: a cuda-only entry neither excuses nor expects anything
+    write(tmp_path, "bug-window-off-by-one", '[[expect]]\ncase = "sliding-window/*"\n'
+          'check = "oracle"\ndevice = "cuda"\nreason = "only on GPUs"\n')
+    report = run_with(tmp_path, "tests.planted:WindowOffByOne")
+    assert not report.ok and not [r for r in report.results if r.status == "known-failure"]
+    write(tmp_path, "bug-window-off-by-one", '[[expect]]\ncase = "sliding-window/*"\n'
+          'check = "oracle"\ndevice = "cpu"\nreason = "on CPUs"\n')
+    report = run_with(tmp_path, "tests.planted:WindowOffByOne")
+    assert report.ok and [r for r in report.results if r.status == "known-failure"]
+
+
+def test_except_leaves_cases_out_of_an_entry(tmp_path):
+    # window20 is the one window case the off-by-one bug fails on in this selection
+    write(tmp_path, "bug-window-off-by-one", '[[expect]]\ncase = "sliding-window/*"\n'
+          'except = ["*window20*"]\ncheck = "oracle"\nreason = "off by one"\n')
+    report = run_with(tmp_path, "tests.planted:WindowOffByOne")
+    failed = {r.case for r in report.results if r.status == "failed"}
+    assert failed and all("window20" in case for case in failed)
+
+
+@pytest.mark.parametrize("field,message", [
+    ('device = "tpu"', "field 'device' must be one of cpu, cuda"),
+    ('except = "*x*"', "field 'except' must be a list of case patterns"),
+])
+def test_bad_device_or_except_fields_are_refused(tmp_path, field, message):
+    write(tmp_path, "numpy", f'[[expect]]\ncase = "*"\ncheck = "oracle"\nreason = "r"\n{field}\n')
+    with pytest.raises(ManifestError, match=message):
+        load_manifest("numpy", tmp_path)
