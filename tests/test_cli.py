@@ -170,7 +170,7 @@ def test_summary_tabulates_saved_reports_with_their_findings(tmp_path):
     manifests = tmp_path / "expectations"
     manifests.mkdir()
     (manifests / "bug-window-off-by-one.toml").write_text(
-        '[[expect]]\ncase = "*window*"\ncheck = "oracle/output"\n'
+        '[[expect]]\ncase = "*window*"\nexcept = ["*window100*"]\ncheck = "oracle"\n'
         'reason = "off by one"\nlink = "docs/findings/off-by-one.md"\n')
     planted, plain = tmp_path / "planted.json", tmp_path / "numpy.json.gz"
     cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke", "--check",
