@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
                              help="a --report-json file (.json or .json.gz), optionally with "
                                   "the machine to name it by and the backends to take from it")
 
+    comparing = sub.add_parser("compare", help="two saved reports of the same backends: what "
+                                                "newly fails (exit 1), newly passes, grew")
+    comparing.add_argument("old", help="the report before (a --report-json file, .json[.gz])")
+    comparing.add_argument("new", help="the report after")
+    comparing.add_argument("--error-factor", type=_positive, default=2.0,
+                           help="flag passing checks whose error grew more than this")
+
     building = sub.add_parser("build", help="ahead-of-time build of a backend's kernels")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
@@ -421,6 +428,13 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_build(args)
         if args.command == "html":
             return _cmd_html(args)
+        if args.command == "compare":
+            from conformance.compare import compare, render
+            from conformance.summary import load_report
+
+            changes = compare(load_report(args.old), load_report(args.new), args.error_factor)
+            print(render(changes), end="")
+            return 1 if changes["newly failing"] else 0
         if args.command == "summary":
             from conformance.summary import markdown, parse_source
 

@@ -101,3 +101,27 @@ def test_junit_and_markdown_reports(tmp_path):
     assert "**FAIL**" in text and "| backend | oracle |" in text
     assert "python -m conformance run --backend tests.planted:WindowOffByOne" in text
     assert "### Accuracy" in text
+
+
+def test_compare_gates_an_upgrade_on_what_newly_fails(tmp_path):
+    """The 'library upgrade' is the NumPy backend turning into a planted bug: the window
+    cases newly fail, the rest is unchanged, and compare exits 1 naming them."""
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    args = ("run", "--profile", "smoke", "--check", "oracle", "--report-json")
+    cli(*args, str(old), "--backend", "numpy")
+    upgraded = tmp_path / "upgraded.py"
+    upgraded.write_text("from tests.planted import WindowOffByOne\n\n"
+                        "class Upgraded(WindowOffByOne):\n    name = 'numpy-next'\n")
+    cli(*args, str(new), "--backend", f"{upgraded}:Upgraded")
+    data = json.loads(new.read_text())
+    for row in data["results"]:  # the same backend under its new version
+        row["backend"] = "numpy"
+    new.write_text(json.dumps(data))
+    result = cli("compare", str(old), str(new))
+    assert result.returncode == 1, result.stdout
+    newly = [line for line in result.stdout.splitlines() if line.startswith("  numpy")]
+    assert newly and all("window" in line and "passed -> failed" in line for line in newly)
+    assert "newly passing: 0" in result.stdout
+    back = cli("compare", str(new), str(old))
+    assert back.returncode == 0 and "newly failing: 0" in back.stdout
+    assert f"newly passing: {len(newly)}" in back.stdout
