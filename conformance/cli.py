@@ -130,6 +130,26 @@ def _parser() -> argparse.ArgumentParser:
                              help="a --report-json file (.json or .json.gz), optionally with "
                                   "the machine to name it by and the backends to take from it")
 
+    exploring = sub.add_parser("explore", help="search the cases a backend claims for failures "
+                                                "(Hypothesis), shrink each to a spec entry")
+    exploring.add_argument("--backend", required=True, help="a registered name or module:Class")
+    exploring.add_argument("--max-examples", type=int, default=200)
+    exploring.add_argument("--time-budget", type=_positive, metavar="SECONDS",
+                           help="stop judging new examples after this long")
+    exploring.add_argument("--seed", type=int, default=0, help="the same seed, the same draws")
+    exploring.add_argument("--checks", nargs="+", default=[], metavar="FAMILY",
+                           help=f"check families (default all: {', '.join(CHECK_FAMILIES)})")
+    exploring.add_argument("--save-spec", type=Path,
+                           help="append each shrunk failure to this regression spec")
+    exploring.add_argument("--report-json", type=Path, help="write the findings here")
+    exploring.add_argument("--database", type=Path, default=None,
+                           help="Hypothesis example database: failures found before are "
+                                "replayed first (default .hypothesis/conformance/)")
+    exploring.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
+                           metavar="SECONDS")
+    exploring.add_argument("--in-process", action="store_true")
+    exploring.add_argument("--expectations", type=Path)
+
     comparing = sub.add_parser("compare", help="two saved reports of the same backends: what "
                                                 "newly fails (exit 1), newly passes, grew")
     comparing.add_argument("old", help="the report before (a --report-json file, .json[.gz])")
@@ -343,6 +363,67 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from conformance.explore import (
+        DEFAULT_DATABASE,
+        REGRESSION_PROFILE,
+        explore,
+        print_progress,
+        save_spec,
+    )
+
+    if args.max_examples < 1:
+        raise SpecError(f"--max-examples must be at least 1, got {args.max_examples}")
+    for option in ("save_spec", "report_json"):
+        if getattr(args, option) is not None:
+            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    if args.expectations is not None:
+        check_directory(args.expectations, "--expectations")
+    settings = RunSettings(profile="explore", families=check_families(args.checks or
+                                                                      CHECK_FAMILIES),
+                           manifest_dir=args.expectations, isolated=not args.in_process,
+                           case_timeout=args.case_timeout)
+    backend = open_backends([args.backend], args.expectations)[0]
+    if backend.reason:
+        print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
+              file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
+                        args.database or DEFAULT_DATABASE, progress=print_progress)
+    finally:
+        backend.disconnect()
+    print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
+          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}; "
+          f"{len(state.findings)} failing check(s)")
+    entries, rows = [], []
+    for number, finding in enumerate(state.findings.values(), start=1):
+        name = f"explore-{backend.label}-{finding.check.replace('/', '-')}-{number}"
+        entry = finding.spec_entry(name)
+        case_id = finding.case.id.replace("explore/", f"{name}/", 1)
+        spec = args.save_spec or "regressions.toml"
+        rerun = (f"python -m conformance run --backend {args.backend} --spec {spec} --profile "
+                 f"{REGRESSION_PROFILE} --case '{case_id}'")
+        print(f"\n- {finding.result.status.upper()} {finding.check}: {finding.result.message}"
+              f"\n  smallest case: {finding.case.id}\n\n{entry}\n  rerun: {rerun}")
+        entries.append(entry)
+        rows.append({"check": finding.check, "status": finding.result.status,
+                     "message": finding.result.message, "case": finding.case.id,
+                     "spec_entry": entry, "reproducer": rerun})
+    if entries and args.save_spec:
+        save_spec(args.save_spec, entries)
+        print(f"\nappended {len(entries)} case(s) to {args.save_spec}")
+    elif entries:
+        print("\nkeep them with --save-spec FILE (a spec that `run --spec FILE` replays)")
+    if args.report_json:
+        write_atomically(args.report_json, json.dumps(
+            {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
+             "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
+             "stopped_early": state.stopped_early, "findings": rows}, indent=1) + "\n")
+    return 1 if state.findings else 0
+
+
 def _cmd_html(args: argparse.Namespace) -> int:
 
     from conformance.html_report import write_html
@@ -428,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_build(args)
         if args.command == "html":
             return _cmd_html(args)
+        if args.command == "explore":
+            return _cmd_explore(args)
         if args.command == "compare":
             from conformance.compare import compare, render
             from conformance.summary import load_report

@@ -49,12 +49,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="SECONDS",
                     help="kill a backend that spends longer on one test (a case's check "
                          f"family) and fail it (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
+    group.addoption("--explore", type=int, default=0, metavar="N",
+                    help="instead of the spec's cases, let explore draw N cases per backend "
+                         "(Hypothesis) and fail with each shrunk failure as a spec entry")
+    group.addoption("--explore-seed", type=int, default=0, help="explore's seed (default 0)")
     group.addoption("--in-process", action="store_true",
                     help="call the backend in the pytest process (to debug it): no isolation")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
+    config.addinivalue_line("markers", "conformance_explore: an explore search of a backend")
     os.environ.update(xdist_worker_environment())  # before anything touches CUDA
     session = _session(config)
     try:
@@ -114,6 +119,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "explore_backend" in metafunc.fixturenames:
+        names = _session(metafunc.config).backend_names
+        metafunc.parametrize("explore_backend", names, ids=[f"explore/{n}" for n in names])
+        return
     if "conformance_item" not in metafunc.fixturenames:
         return
     session = _session(metafunc.config)
@@ -130,10 +139,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("backend"):
-        return
-    selected = [item for item in items if item.get_closest_marker("conformance")]
-    deselected = [item for item in items if not item.get_closest_marker("conformance")]
+    exploring = config.getoption("explore") > 0
+    wanted = "conformance_explore" if exploring else "conformance"
+
+    def keep(item: pytest.Item) -> bool:
+        if item.get_closest_marker("conformance_explore"):
+            return exploring
+        return bool(item.get_closest_marker(wanted)) or not (
+            config.getoption("backend") or exploring)
+
+    selected = [item for item in items if keep(item)]
+    deselected = [item for item in items if not keep(item)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
@@ -171,3 +187,19 @@ def check_item(session: ConformanceSession, name: str, case: Case, family: str,
     if known:
         pytest.xfail(f"{len(known)} known failure(s) among {len(results)} checks: "
                      f"{known[0].check}: {known[0].message}")
+
+
+def explore_item(session: ConformanceSession, name: str, config: pytest.Config) -> None:
+    """Explore one backend; fail with every shrunk failure as a ready spec entry."""
+    from conformance.explore import explore
+
+    backend = session.backend(name)
+    if backend.reason:
+        pytest.skip(f"unsupported: backend unavailable: {backend.reason}")
+    state = explore(backend, session.settings, config.getoption("explore"),
+                    seed=config.getoption("explore_seed"))
+    if state.findings:
+        entries = [finding.spec_entry(f"explore-{backend.label}-{number}")
+                   for number, finding in enumerate(state.findings.values(), start=1)]
+        pytest.fail(f"{len(entries)} failing check(s) in {state.examples} examples; keep them "
+                    f"as regression cases:\n\n" + "\n".join(entries), pytrace=False)

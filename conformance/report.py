@@ -113,6 +113,7 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": argv if argv is not None else sys.argv,
         "profile": report.settings.profile,
+        "cases": len(report.cases),
         "spec": report.settings.spec_path or "built-in",
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "numpy": np.__version__},

@@ -52,7 +52,9 @@ def findings(report: dict, backend: str) -> list[str]:
 
 def rows(report: dict, machine: str, only: tuple[str, ...] = ()) -> list[list[str]]:
     table = []
-    total_cases = len({r["case"] for r in report["results"]})
+    per_backend = Counter(backend for backend, _ in
+                          {(r["backend"], r["case"]) for r in report["results"]})
+    total_cases = report.get("cases") or max(per_backend.values(), default=0)
     for described in report["backends"]:
         backend = described["name"]
         if only and backend not in only:
@@ -62,7 +64,7 @@ def rows(report: dict, machine: str, only: tuple[str, ...] = ()) -> list[list[st
         cases = {r["case"] for r in results}
         claimed = {r["case"] for r in results if r["status"] != "unsupported"}
         profile = report["profile"]
-        if len(cases) < total_cases or report.get("interrupted"):
+        if len(cases) < total_cases:
             profile += f" (partial: {len(cases)} cases ran)"
         links = [f"[{Path(link).stem}]({link})" for link in findings(report, backend)]
         device = described.get("device")

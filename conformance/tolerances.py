@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 TABLE = {"float32": 1e-5, "tf32": 1e-3, "float16": 1e-3, "bfloat16": 1e-2}
+# A backend may be this many times as wrong as the oracle recomputed in the case's precision.
 RATIO = 4.0
+UNIT_ROUNDOFF_F32 = 2.0 ** -24  # kernels accumulate scores in float32 at best
+ROUNDING_MARGIN = 4.0  # over the sqrt(d) probabilistic bound of a float32 dot product
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,31 @@ def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf)
     if not np.all(np.isfinite(diff)):
         return math.inf
     return float((diff / np.maximum(1.0, np.abs(want[live]))).max())
+
+
+def score_rounding(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float
+                   ) -> np.ndarray:
+    """``(batch, num_qo_heads)``: how far float32 arithmetic alone may move a row's scores,
+    ``ROUNDING_MARGIN * sqrt(d) * u * max_j sum_i |q_i k_ji| * sm_scale``.
+
+    The ratio rule's low-precision oracle can be lucky in its summation order where a kernel
+    is not (scores of ~1e4 from terms of ~1e6 at head_dim 144, found by ``explore``); this is
+    the rounding any float32 dot product is entitled to, and ``lse_rounding`` turns it into a
+    floor for the LSE.
+    """
+    d = q.shape[-1]
+    bound = np.zeros(q.shape[:2])
+    for b, keys in enumerate(keys_per_row):  # keys: (n, num_qo_heads, d), per query head
+        if keys.shape[0]:
+            magnitude = np.einsum("hd,nhd->hn", np.abs(q[b]), np.abs(keys)).max(axis=1)
+            bound[b] = ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude * sm_scale
+    return bound
+
+
+def lse_rounding(score_error: np.ndarray, lse: np.ndarray) -> float:
+    """The LSE floor, in the measure of ``lse_error``: a row's LSE moves by at most its
+    scores' error."""
+    live = np.isfinite(lse)
+    if not live.any():
+        return 0.0
+    return float((score_error[live] / np.maximum(1.0, np.abs(lse[live]))).max())

@@ -294,3 +294,77 @@ class SlowedDown(NumpySplitK):
     def decode(self, problem, out, lse, *, num_splits=None):
         for _ in range(10):
             super().decode(problem, out, lse, num_splits=num_splits)
+
+
+# Shape-only bugs: no case of the `ci` or `full` profile has the shape that triggers them
+# (tests/test_explore.py checks that), so only `explore` can find them. Each pairs with the
+# smallest shape explore must shrink it to.
+
+
+class PageOffsetByBitmask(NumpySplitK):
+    """Takes a token's offset in its page as ``t & (page_size - 1)``: right for powers of two
+    only (every page size the spec lists is one)."""
+
+    name = "bug-page-offset-by-bitmask"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        ps = problem.page_size
+        seen = (tokens // ps) * ps + (tokens & (ps - 1))
+        return super().valid_tokens(seen, start, end, problem, context_len)
+
+
+class HeadDimTailIgnored(NumpySplitK):
+    """Computes scores in 32-wide vectors and drops the tail of a head_dim that is not a
+    multiple of 32 (every head_dim the spec lists is one)."""
+
+    name = "bug-head-dim-tail-ignored"
+
+    def split_state(self, problem, b, q, start, end, context_len):
+        d = q.shape[-1]
+        if d % 32:
+            q = q.copy()
+            q[..., d - d % 32:] = 0
+        return super().split_state(problem, b, q, start, end, context_len)
+
+
+class OddKvHeadRemainder(NumpySplitK):
+    """Walks KV heads in pairs; with an odd count above one, the query heads of the last KV
+    head read KV head 0 (the spec lists 1, 2, 4, 8 and 32 KV heads)."""
+
+    name = "bug-odd-kv-head-remainder"
+
+    def kv_head_map(self, num_qo_heads, num_kv_heads):
+        kv = super().kv_head_map(num_qo_heads, num_kv_heads)
+        if num_kv_heads > 1 and num_kv_heads % 2:
+            kv = np.where(kv == num_kv_heads - 1, 0, kv)
+        return kv
+
+
+# (bug, the field of the case that triggers it, the value explore must shrink it to)
+SHAPE_ONLY: list[tuple[type[NumpySplitK], str, int]] = [
+    (PageOffsetByBitmask, "page_size", 3),
+    (HeadDimTailIgnored, "head_dim", 8),
+    (OddKvHeadRemainder, "num_kv_heads", 3),
+]
+
+
+class Float64Reference(NumpySplitK):
+    """The float64 oracle itself as a backend: explore must find nothing wrong with it."""
+
+    name = "reference-float64"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        from references import decode_reference
+
+        got_out, got_lse = decode_reference(
+            problem.q, problem.k_pages, problem.v_pages, problem.block_table,
+            problem.context_lens, sm_scale=problem.sm_scale, window=problem.window,
+            sinks=problem.sinks)
+        out[...] = got_out.astype(out.dtype)
+        lse[...] = got_lse.astype(np.float32)
+
+    def merge(self, a, b):
+        from references import merge_reference
+
+        got_out, got_lse = merge_reference(a.out, a.lse, b.out, b.lse)
+        return AttentionState(out=got_out.astype(a.out.dtype), lse=got_lse.astype(np.float32))

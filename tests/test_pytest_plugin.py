@@ -86,3 +86,12 @@ def test_backend_output_is_a_section_of_the_test_report():
                            "sinks/ and oracle", "-rA")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "backend output" in result.stdout and "LAST LINE OF THE FLOOD" in result.stdout
+
+
+def test_explore_option_searches_instead_of_listing_cases():
+    result, counts = pytest_run("--backend", "tests.planted:OddKvHeadRemainder", "--explore",
+                                "100")
+    assert result.returncode == 1 and counts["failed"] == 1, result.stdout[-3000:]
+    assert "num_kv_heads = 3" in result.stdout and "[[family]]" in result.stdout
+    result, counts = pytest_run("--backend", "numpy", "--explore", "30")
+    assert result.returncode == 0 and counts["passed"] == 1, result.stdout[-3000:]

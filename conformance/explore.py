@@ -1,0 +1,175 @@
+"""Explore: search the space a backend claims for cases that fail, and shrink each to a spec entry.
+
+Hypothesis draws cases (``conformance.strategies``), the same check families as ``run``
+judge each one through the same isolated worker, and a failure is raised as an exception
+named for the sub-check it failed, so Hypothesis shrinks each distinct failure to the
+smallest case that still fails *that* check. Failures found before are replayed first from
+Hypothesis's example database (``.hypothesis/conformance/`` by default).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.runner import FAILING, BackendRun, Result, RunSettings, evaluate_case
+from conformance.spec import Case
+
+DEFAULT_DATABASE = Path(".hypothesis") / "conformance"
+REGRESSION_PROFILE = "regressions"
+
+
+class CheckFailedError(Exception):
+    """A drawn case failed a check; subclassed per sub-check so each shrinks on its own."""
+
+
+_FAILURE_TYPES: dict[str, type[CheckFailedError]] = {}
+
+
+def failure_type(check: str) -> type[CheckFailedError]:
+    if check not in _FAILURE_TYPES:
+        _FAILURE_TYPES[check] = type(f"Failed[{check}]", (CheckFailedError,), {})
+    return _FAILURE_TYPES[check]
+
+
+@dataclass
+class Finding:
+    """The smallest case found failing one sub-check, with the result that says how."""
+
+    check: str
+    case: Case
+    result: Result
+
+    def spec_entry(self, name: str) -> str:
+        return spec_entry(name, self.case, f"found by explore: {self.check} "
+                                           f"({self.result.status}): {self.result.message}")
+
+
+@dataclass
+class Exploration:
+    backend: str
+    examples: int = 0
+    seconds: float = 0.0
+    findings: dict[str, Finding] = field(default_factory=dict)
+    stopped_early: bool = False
+
+
+def spec_entry(name: str, case: Case, doc: str) -> str:
+    """A ``[[family]]`` TOML entry that expands to exactly this case."""
+    fields = {"num_qo_heads": case.num_qo_heads, "num_kv_heads": case.num_kv_heads,
+              "head_dim": case.head_dim, "page_size": case.page_size,
+              "context_lens": list(case.context_lens), "distribution": case.distribution}
+    if case.window is not None:
+        fields["window"] = case.window
+    if case.sinks:
+        fields["sinks"] = case.sinks
+    if case.sm_scale is not None:
+        fields["sm_scale"] = case.sm_scale
+    fields["dtypes"] = [case.dtype]
+
+    def toml(value: object) -> str:
+        if isinstance(value, str):
+            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(value, list):
+            return "[" + ", ".join(toml(v) for v in value) + "]"
+        return repr(value)
+
+    doc = " ".join(doc.split())[:300]
+    lines = ["[[family]]", f"name = {toml(name)}", f"doc = {toml(doc)}",
+             f'profiles = ["{REGRESSION_PROFILE}"]', "[family.set]"]
+    lines += [f"{key} = {toml(value)}" for key, value in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def as_listed(case: Case, name: str) -> Case:
+    """The case as the saved spec entry will expand it (its family is the entry's name)."""
+    from dataclasses import replace
+
+    return replace(case, family=name)
+
+
+def save_spec(path: Path, entries: list[str]) -> None:
+    """Append entries to a regression spec, writing its header first if it is new."""
+    header = "" if path.exists() else (
+        "# Regression cases found by `python -m conformance explore`; replay with\n"
+        f"# python -m conformance run --spec {path} --profile {REGRESSION_PROFILE}\n\n"
+        "schema = 1\n\n"
+        f"[profiles.{REGRESSION_PROFILE}]\n"
+        'doc = "cases explore found failing, each shrunk to the smallest that still fails"\n')
+    with path.open("a", encoding="utf-8") as stream:
+        stream.write(header + "".join("\n" + entry for entry in entries))
+
+
+def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
+            time_budget: float | None = None, seed: int = 0,
+            database: Path | None = DEFAULT_DATABASE, cost_cap: int | None = None,
+            progress: Callable[[Exploration, float | None], None] | None = None,
+            observe: Callable[[Case], None] | None = None) -> Exploration:
+    """Draw up to ``max_examples`` cases the backend claims, judge each, shrink failures."""
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import seed as hyp_seed
+    from hypothesis import settings as hyp_settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.errors import Flaky
+
+    from conformance.strategies import CPU_COST_CAP, GPU_COST_CAP, cases
+
+    handle = backend.connect(settings.isolated)
+    on_gpu = "cuda" in backend.cls.capabilities.devices and handle.device() == "cuda"
+    cap = cost_cap or (GPU_COST_CAP if on_gpu else CPU_COST_CAP)
+    state = Exploration(backend.label)
+    started = time.monotonic()
+
+    def over_budget() -> bool:
+        return time_budget is not None and time.monotonic() - started > time_budget
+
+    # once past the time budget every example passes unjudged: generation ends, and the
+    # shrinking of a failure found before stops at the smallest case failing so far
+
+    @hyp_seed(seed)
+    @hyp_settings(max_examples=max_examples, deadline=None, derandomize=False,
+                  database=(DirectoryBasedExampleDatabase(str(database / backend.label))
+                            if database else None),
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
+                  phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                  print_blob=False)
+    @given(cases(backend.cls.capabilities, cap))
+    def judge(case: Case) -> None:
+        if over_budget():
+            state.stopped_early = True
+            return
+        state.examples += 1
+        if observe:
+            observe(case)
+        if progress:
+            progress(state, None if time_budget is None else
+                     time_budget - (time.monotonic() - started))
+        if handle.unsupported_reason(case):
+            return
+        record = evaluate_case(backend, case, settings)
+        failing = [r for r in record.results if r.status in FAILING]
+        if failing:
+            first = failing[0]
+            state.findings[first.check] = Finding(first.check, case, first)
+            raise failure_type(first.check)(f"{first.check}: {first.message}")
+
+    try:
+        judge()
+    except (CheckFailedError, BaseExceptionGroup, Flaky):
+        # each finding's smallest case was recorded as Hypothesis replayed it last (or, past
+        # the time budget, as the smallest that failed before the budget ran out)
+        pass
+    finally:
+        state.seconds = time.monotonic() - started
+    return state
+
+
+def print_progress(state: Exploration, left: float | None, stream=sys.stderr) -> None:
+    if state.examples % 25 == 0:
+        budget = f", {left:.0f} s left" if left is not None else ""
+        stream.write(f"{state.examples} examples, {len(state.findings)} failing checks"
+                     f"{budget}\n")
+        stream.flush()

@@ -1,0 +1,83 @@
+"""Hypothesis strategies for decode cases, drawn inside what a backend claims.
+
+Built from the same ``Capabilities`` record the fixed spec is filtered by, so a drawn case is
+one the backend says it supports. Sizes are drawn from ranges, not the spec's lists, with
+weight on the edges kernels get wrong (0 and 1 tokens, page multiples and one either side,
+non-powers of two), and every draw shrinks towards the smallest case: one sequence, few
+tokens, one KV head, the smallest head_dim and page size.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from backends.base import Capabilities
+from conformance.dtypes import DTYPES
+from conformance.spec import DISTRIBUTIONS, Case
+
+# Examples stay cheap: tokens x query heads x head_dim at most this (a CPU second or less).
+CPU_COST_CAP = 400_000
+GPU_COST_CAP = 50_000_000
+HEAD_DIMS = tuple(range(8, 257, 8))  # when a backend claims any head_dim
+MAX_PAGE_SIZE = 64  # when it claims any page size
+MAX_KV_HEADS = 8
+MAX_GROUP = 24
+MAX_BATCH = 40  # past the usual 32-wide grid dimension
+
+
+def _sizes(claimed: frozenset[int] | None, default: st.SearchStrategy[int]
+           ) -> st.SearchStrategy[int]:
+    return default if claimed is None else st.sampled_from(sorted(claimed))
+
+
+def _context_length(page_size: int) -> st.SearchStrategy[int]:
+    edges = st.builds(lambda pages, delta: max(0, pages * page_size + delta),
+                      st.integers(1, 8), st.sampled_from((-1, 0, 1)))
+    return st.one_of(st.integers(0, 3), edges, st.integers(0, 600))
+
+
+@st.composite
+def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_CAP,
+          features: frozenset[str] | None = None) -> Case:
+    """A case the capabilities claim, no costlier than ``cost_cap``."""
+    features = capabilities.features if features is None else features
+    dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
+                                        key=list(DTYPES).index)))
+    num_kv_heads = draw(st.integers(1, MAX_KV_HEADS))
+    if capabilities.group_sizes is not None:
+        group = draw(st.sampled_from(sorted(capabilities.group_sizes)))
+    else:
+        group = draw(st.integers(1, min(MAX_GROUP, capabilities.max_group_size or MAX_GROUP)))
+    head_dim = draw(_sizes(capabilities.head_dims, st.sampled_from(HEAD_DIMS)))
+    page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
+    batch = draw(st.one_of(st.integers(1, 4), st.integers(1, MAX_BATCH)))
+    context_lens = tuple(draw(st.lists(_context_length(page_size), min_size=batch,
+                                       max_size=batch)))
+    window = sinks = None
+    if "sliding_window" in features and draw(st.booleans()):
+        window = draw(st.integers(1, 3 * page_size + 5))
+        if "sinks" in features and draw(st.booleans()):
+            sinks = draw(st.integers(1, window + page_size))
+    distribution = draw(st.sampled_from(tuple(DISTRIBUTIONS)))
+    # "large" and "very-negative" set the scores' size themselves (q and k are scaled up to
+    # reach it); a custom sm_scale on top only inflates q and k past what float32 holds
+    # (terms of ~1e7 summing to -1e5), a case no kernel or budget can be fair on
+    sm_scale = None if distribution in ("large", "very-negative") else draw(
+        st.one_of(st.none(), st.sampled_from((0.01, 0.05, 0.3, 1.0))))
+    num_qo_heads = num_kv_heads * group
+    assume(sum(context_lens) * num_qo_heads * head_dim <= cost_cap)
+    return Case(family="explore", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, page_size=page_size, dtype=dtype,
+                context_lens=context_lens, distribution=distribution, window=window,
+                sinks=sinks or 0, sm_scale=sm_scale)
+
+
+def cost(case: Case) -> int:
+    return sum(case.context_lens) * case.num_qo_heads * case.head_dim
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and 2 ** int(math.log2(n)) == n

@@ -1,0 +1,88 @@
+"""Explore finds what no listed case catches, shrinks it to the smallest case, and invents
+nothing on correct backends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.explore import explore
+from conformance.runner import RunSettings, open_backend
+from conformance.spec import default_spec
+from conformance.strategies import is_power_of_two
+from tests.planted import SHAPE_ONLY
+from tests.run_cli import cli
+
+TRIGGERS = {
+    "page_size": lambda case: not is_power_of_two(case.page_size),
+    "head_dim": lambda case: case.head_dim % 32 != 0,
+    "num_kv_heads": lambda case: case.num_kv_heads > 1 and case.num_kv_heads % 2 == 1,
+}
+
+
+def run_explore(name: str, examples: int, seed: int = 0, **options):
+    backend = open_backend(name)
+    try:
+        return explore(backend, RunSettings(profile="explore"), examples, seed=seed,
+                       database=None, **options)
+    finally:
+        backend.disconnect()
+
+
+@pytest.mark.parametrize("bug,field,value", SHAPE_ONLY, ids=[b.__name__ for b, _, _ in SHAPE_ONLY])
+def test_no_listed_case_has_the_shape_that_triggers_a_shape_only_bug(bug, field, value):
+    spec = default_spec()
+    listed = [c for profile in ("ci", "full") for c in spec.cases(profile)]
+    assert listed and not [c.id for c in listed if TRIGGERS[field](c)]
+
+
+@pytest.mark.parametrize("bug,field,value", SHAPE_ONLY, ids=[b.__name__ for b, _, _ in SHAPE_ONLY])
+def test_explore_finds_each_shape_only_bug_and_shrinks_it(bug, field, value):
+    state = run_explore(f"tests.planted:{bug.__name__}", 300)
+    oracle = [f for check, f in state.findings.items() if check.startswith("oracle/")]
+    assert oracle, f"{bug.__name__}: nothing found in {state.examples} examples"
+    smallest = min((f.case for f in oracle), key=lambda c: (getattr(c, field), c.batch))
+    assert getattr(smallest, field) == value, smallest.id
+    assert smallest.batch == 1 and sum(smallest.context_lens) <= 4, smallest.id
+
+
+@pytest.mark.parametrize("backend", ["numpy", "tests.planted:Float64Reference"])
+def test_correct_backends_give_explore_nothing_to_report(backend):
+    state = run_explore(backend, 250, seed=7)
+    assert state.examples >= 200
+    assert not state.findings, {c: f.case.id + ": " + f.result.message
+                                for c, f in state.findings.items()}
+
+
+def test_the_same_seed_draws_the_same_examples():
+    drawn: list[list[str]] = [[], []]
+    for run in drawn:
+        run_explore("numpy", 15, seed=3, observe=lambda case, run=run: run.append(case.id))
+    assert drawn[0] == drawn[1] and len(set(drawn[0])) > 5
+    other: list[str] = []
+    run_explore("numpy", 15, seed=4, observe=lambda case: other.append(case.id))
+    assert other != drawn[0]
+
+
+def test_a_saved_regression_spec_replays_the_failure_through_run(tmp_path):
+    spec, report = tmp_path / "regressions.toml", tmp_path / "explore.json"
+    found = cli("explore", "--backend", "tests.planted:OddKvHeadRemainder", "--max-examples",
+                "150", "--checks", "oracle", "--save-spec", spec, "--report-json", report,
+                "--database", tmp_path / "db")
+    assert found.returncode == 1, found.stdout[-2000:] + found.stderr[-2000:]
+    assert "[[family]]" in found.stdout and "rerun: python -m conformance run" in found.stdout
+    findings = json.loads(report.read_text())["findings"]
+    assert findings and all(f["check"].startswith("oracle/") for f in findings)
+    replay = cli("run", "--backend", "tests.planted:OddKvHeadRemainder", "--spec", spec,
+                 "--profile", "regressions", "--check", "oracle")
+    assert replay.returncode == 1 and "FAILED bug-odd-kv-head-remainder oracle/" in replay.stdout
+    clean = cli("run", "--backend", "numpy", "--spec", spec, "--profile", "regressions")
+    assert clean.returncode == 0, clean.stdout[-2000:]
+
+
+def test_explore_refuses_bad_input_with_exit_2(tmp_path):
+    result = cli("explore", "--backend", "numpy", "--max-examples", "0")
+    assert result.returncode == 2 and "--max-examples must be at least 1" in result.stderr
+    result = cli("explore", "--backend", "numpy", "--save-spec", tmp_path / "no" / "x.toml")
+    assert result.returncode == 2 and "does not exist" in result.stderr
