@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from backends.base import AttentionState
+from backends.base import AttentionState, Conventions
 from backends.numpy_splitk import F32, NumpySplitK
 
 
@@ -215,6 +215,91 @@ class MasksByZeroWeight(NumpySplitK):
         return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
 
 
+class LastRowRoundedToHalf(NumpySplitK):
+    """Writes the last row of the batch through float16 (a tail-tile store of the wrong
+    width): correct wherever the row moves out of the last place."""
+
+    name = "bug-last-row-rounded-to-half"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        out[-1] = out[-1].astype(np.float16).astype(out.dtype)
+        lse[-1] = lse[-1].astype(np.float16).astype(np.float32)
+
+
+class BatchWideMaxShift(NumpySplitK):
+    """Shifts every row's exponentials by the largest score of the whole batch, not the row's
+    own: a row far below its neighbours underflows to nothing."""
+
+    name = "bug-batch-wide-max-shift"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        live = np.isfinite(lse)
+        if live.sum() > 1:
+            top = lse[live].max()
+            underflow = (lse - top) < -80  # exp(-80) is below float32's smallest normal
+            out[underflow & live] = 0
+            lse[underflow & live] = -np.inf
+
+
+class LargePagesDropLastToken(NumpySplitK):
+    """With pages of 32 tokens or more, skips the last slot of every page."""
+
+    name = "bug-large-pages-drop-last-token"
+
+    def valid_tokens(self, tokens, start, end, problem, context_len):
+        valid = super().valid_tokens(tokens, start, end, problem, context_len)
+        if problem.page_size >= 32:
+            valid &= (tokens % problem.page_size) != problem.page_size - 1
+        return valid
+
+
+class WideTableRowsShifted(NumpySplitK):
+    """With a block table of 32 columns or more, reads each row's pages from the next row's
+    table entry (a stride taken from the wrong width)."""
+
+    name = "bug-wide-table-rows-shifted"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        from dataclasses import replace
+
+        if problem.block_table.shape[1] >= 32 and problem.batch > 1:
+            problem = replace(problem, block_table=np.roll(problem.block_table, 1, axis=0))
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class MergeEmptyAsZeroLse(NumpySplitK):
+    """Merges an empty state (LSE -inf) as if its LSE were 0: it dilutes the other."""
+
+    name = "bug-merge-empty-as-zero-lse"
+
+    def merge(self, a, b):
+        a = AttentionState(a.out, np.where(np.isneginf(a.lse), F32(0), a.lse).astype(F32))
+        b = AttentionState(b.out, np.where(np.isneginf(b.lse), F32(0), b.lse).astype(F32))
+        return super().merge(a, b)
+
+
+class MergeFirstInHalf(NumpySplitK):
+    """Accumulates the first state's output in float16, the second's in float32."""
+
+    name = "bug-merge-first-in-half"
+
+    def merge(self, a, b):
+        rounded = AttentionState(a.out.astype(np.float16).astype(a.out.dtype), a.lse)
+        return super().merge(rounded, b)
+
+
+class MergeLseIsMax(NumpySplitK):
+    """Weights the outputs right but returns max(lse_a, lse_b) as the merged LSE."""
+
+    name = "bug-merge-lse-is-max"
+
+    def merge(self, a, b):
+        merged = super().merge(a, b)
+        return AttentionState(merged.out, np.maximum(a.lse, b.lse).astype(F32))
+
+
 # (bug, the check that must catch it). A check is "family/sub-check" or a prefix of one.
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
@@ -235,6 +320,13 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (StalePageCache, "invariance/reshuffle"),
     (BothEmptyMergeNaN, "merge/both-empty"),
     (NaiveExpMerge, "merge/lse-gap"),
+    (LastRowRoundedToHalf, "invariance/batch-order"),
+    (BatchWideMaxShift, "invariance/neighbours"),
+    (LargePagesDropLastToken, "invariance/page-size"),
+    (WideTableRowsShifted, "invariance/wide-table"),
+    (MergeEmptyAsZeroLse, "merge/identity"),
+    (MergeFirstInHalf, "merge/commutative"),
+    (MergeLseIsMax, "merge/associative"),
 ]
 
 
@@ -368,3 +460,38 @@ class Float64Reference(NumpySplitK):
 
         got_out, got_lse = merge_reference(a.out, a.lse, b.out, b.lse)
         return AttentionState(out=got_out.astype(a.out.dtype), lse=got_lse.astype(np.float32))
+
+
+class Base2WithSentinel(NumpySplitK):
+    """Correct, in TVM's conventions: a base-2 native LSE and -5e4 for an empty context,
+    declared, and converted to natural log on the way out; its merge takes the sentinel as
+    empty. It must pass everything, so the conventions path runs in every CI."""
+
+    name = "conventions-base2-sentinel"
+    conventions = Conventions(lse_base=2.0, empty_lse=-5e4)
+    SENTINEL = F32(-5e4 * math.log(2.0))  # the sentinel in natural log, as written
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        native = np.where(np.isneginf(lse), F32(-5e4), lse / F32(math.log(2.0)))
+        lse[...] = (native * F32(math.log(2.0))).astype(F32)
+
+    def merge(self, a, b):
+        def natural(state):
+            empty = np.isclose(state.lse, self.SENTINEL, rtol=1e-6, atol=0.0)
+            return AttentionState(state.out, np.where(empty, F32(-np.inf), state.lse))
+
+        merged = super().merge(natural(a), natural(b))
+        return AttentionState(merged.out, np.where(np.isneginf(merged.lse), self.SENTINEL,
+                                                   merged.lse).astype(F32))
+
+
+class SentinelNotConverted(Base2WithSentinel):
+    """Declares TVM's conventions but writes the base-2 sentinel unconverted (-5e4, not
+    -5e4 * ln 2): every empty row's LSE is wrong."""
+
+    name = "bug-sentinel-not-converted"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        lse[np.isclose(lse, self.SENTINEL, rtol=1e-6, atol=0.0)] = F32(-5e4)

@@ -4,13 +4,46 @@ import pytest
 
 from conformance.runner import RunSettings, open_backend, run, select_cases
 from conformance.spec import default_spec
-from tests.planted import PLANTED
+from tests.planted import PLANTED, Base2WithSentinel, SentinelNotConverted
 
 CI_CASES = select_cases(default_spec(), "ci")
 
 
-def test_numpy_backend_passes_every_check_of_the_ci_profile():
-    report = run([open_backend("numpy")], CI_CASES, RunSettings(profile="ci"))
+@pytest.fixture(scope="module")
+def numpy_report():
+    return run([open_backend("numpy")], CI_CASES, RunSettings(profile="ci"))
+
+
+# Sub-checks no planted bug proves, each with the reason (empty: every one is proven).
+EXEMPT: dict[str, str] = {}
+
+
+def test_every_sub_check_the_suite_emits_is_proven_by_a_planted_bug(numpy_report):
+    emitted = {r.check for r in numpy_report.results}
+    emitted = {"invariance/split-count" if c.startswith("invariance/split-count-") else c
+               for c in emitted}
+    proven = {check for _, check in PLANTED}
+    # a planted check names a sub-check or a prefix of some (as test_planted_bug_... reads it)
+    unproven = sorted(c for c in emitted if c not in EXEMPT and not any(
+        c.startswith(p) for p in proven))
+    assert not unproven, f"sub-checks no planted bug proves: {unproven}"
+    assert set(EXEMPT) <= emitted, "an exemption names a sub-check the suite no longer emits"
+
+
+def test_a_backend_in_tvm_conventions_passes_and_a_mistake_in_them_fails():
+    """Base-2 LSE and a finite empty sentinel, declared: the conventions path runs here too."""
+    good = run([open_backend(f"tests.planted:{Base2WithSentinel.__name__}")], CI_CASES,
+               RunSettings(profile="ci"))
+    assert good.failures == [] and {r.status for r in good.results} == {"passed"}
+    bad = run([open_backend(f"tests.planted:{SentinelNotConverted.__name__}")], CI_CASES,
+              RunSettings(profile="ci", families=("oracle",)))
+    caught = [r for r in bad.failures if r.check == "oracle/lse"]
+    assert caught and all("empty" in r.case or ",0" in r.case or "[0" in r.case
+                          for r in caught)
+
+
+def test_numpy_backend_passes_every_check_of_the_ci_profile(numpy_report):
+    report = numpy_report
     assert report.failures == []
     statuses = {r.status for r in report.results}
     assert statuses == {"passed"}, statuses

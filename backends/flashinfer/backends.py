@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -151,9 +152,6 @@ class FlashInferTensorCores(FlashInferDecode):
     name = "flashinfer-tc"
     description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): the "
                    "prefill kernels, any group size; cascade.merge_state as the merge")
-    capabilities = Capabilities(dtypes=frozenset({"float16", "bfloat16"}),
-                                head_dims=frozenset({64, 128, 256}),
-                                features=frozenset({"lse", "merge", "sliding_window"}),
-                                devices=("cuda",))
+    capabilities = replace(FlashInferDecode.capabilities, group_sizes=None)
     use_tensor_cores = True
 
