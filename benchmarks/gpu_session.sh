@@ -7,7 +7,7 @@
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
-# For flashinfer and flashinfer-tc carry .flashinfer/ (../shared/tools/flashinfer-carry).
+# For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-# FlashInfer: ../shared/tools/flashinfer-carry .flashinfer (made on a CPU machine), carried
+# FlashInfer: benchmarks/flashinfer_carry.sh .flashinfer (made on a CPU machine), carried
 if [[ -d .flashinfer ]]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/flashinfer .flashinfer/*.whl
   python3 -c "import zipfile; zipfile.ZipFile('.flashinfer/flashinfer.zip').extractall('/tmp/flashinfer')"

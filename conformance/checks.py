@@ -1,4 +1,4 @@
-"""The checks (DESIGN §6): functions of a ``Trial``, knowing nothing of any backend.
+"""The checks (docs/design.md §6): functions of a ``Trial``, knowing nothing of any backend.
 
 A ``Trial`` holds what the checks of one (backend, case) share: the problem, the float64
 oracle, the budget and the two poisoned decode runs, each computed once. Each check family

@@ -31,7 +31,7 @@ GARBAGE_VALUE = 1000.0  # magnitude of a garbage value
 
 @dataclass(frozen=True)
 class Problem:
-    """The canonical decode problem every adapter receives (DESIGN §3)."""
+    """The canonical decode problem every adapter receives (docs/design.md §3)."""
 
     q: np.ndarray  # (batch, num_qo_heads, head_dim), case dtype
     k_pages: np.ndarray  # (num_pages, page_size, num_kv_heads, head_dim), case dtype

@@ -1,4 +1,4 @@
-"""The core runs with torch, triton and tvm made unimportable (DESIGN §2)."""
+"""The core runs with torch, triton and tvm made unimportable (docs/design.md §2)."""
 
 import subprocess
 import sys
