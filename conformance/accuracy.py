@@ -14,6 +14,7 @@ from pathlib import Path
 
 from conformance.inputs import InputError, read_json, write_atomically
 from conformance.runner import Result, RunReport
+from conformance.status import Status
 
 SCHEMA = "paged-decode-conformance/accuracy/1"
 NOISE_FLOOR = 0.01  # of the budget
@@ -23,7 +24,7 @@ def accuracy_dict(report: RunReport) -> dict:
     errors: dict[str, dict[str, dict[str, float]]] = {}
     for result in report.results:
         if result.error is not None and math.isfinite(result.error) and result.status in (
-                "passed", "known-failure"):
+                Status.PASSED, Status.KNOWN_FAILURE):
             errors.setdefault(result.backend, {}).setdefault(result.case, {})[result.check] = \
                 result.error
     return {"schema": SCHEMA, "profile": report.settings.profile, "errors": errors}
@@ -54,7 +55,7 @@ def drift_results(report: RunReport, baseline: dict, factor: float) -> list[Resu
         if growth > factor and result.error > floor:
             drifted.append(Result(
                 backend=result.backend, case=result.case, check=f"drift/{result.check}",
-                status="failed", error=result.error, budget=max(before, floor) * factor,
+                status=Status.FAILED, error=result.error, budget=max(before, floor) * factor,
                 message=(f"accuracy drift: error grew {growth:.1f}x ({before:.3g} -> "
                          f"{result.error:.3g}), past the allowed {factor:g}x; the budget is "
                          f"{result.budget:.3g}"),

@@ -1,20 +1,24 @@
-"""``python -m conformance``: list backends and cases, run the suite, write a backend skeleton."""
+"""``python -m conformance``: list backends and cases, run the suite, search, compare, report.
+
+Each subcommand is a parser built from shared parents (the spec, the worker, parallel runs)
+and a handler set with ``set_defaults``; work that belongs to one subject (bench timing,
+explore, TVM builds) lives in that subject's module.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from backends.registry import UnknownBackendError, known_backends
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
-from conformance.checks import CHECK_FAMILIES, describe_exception
-from conformance.inputs import check_directory, check_output, read_json, write_atomically
+from conformance.checks import CHECK_FAMILIES
+from conformance.inputs import check_directory, check_output, read_json
+from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.manifest import ManifestError
 from conformance.report import write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
@@ -28,6 +32,7 @@ from conformance.runner import (
 )
 from conformance.skeleton import class_name, write_skeleton
 from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError, check_sizes
+from conformance.status import BROKEN
 
 
 def _jobs(text: str) -> int:
@@ -51,46 +56,61 @@ def _positive(text: str) -> float:
     return value
 
 
-def _add_isolation_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-j", "--jobs", type=_jobs, default=1,
-                        help="cases in parallel (0: one per CPU core)")
-    parser.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
+def _parents() -> dict[str, argparse.ArgumentParser]:
+    """Options several subcommands share, each written once."""
+    spec = argparse.ArgumentParser(add_help=False)
+    spec.add_argument("--profile", default="ci")
+    spec.add_argument("--spec", help="a spec TOML other than the built-in one")
+    worker = argparse.ArgumentParser(add_help=False)
+    worker.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
                         metavar="SECONDS",
                         help=f"kill a backend that spends longer on one case and report the "
                              f"case as an error (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
-    parser.add_argument("--in-process", action="store_true",
+    worker.add_argument("--in-process", action="store_true",
                         help="call the backend in this process, to debug it with a debugger: "
                              "no isolation, no case timeout, its output not captured")
-    parser.add_argument("--max-case-mib", type=_positive, default=DEFAULT_MAX_CASE_MIB,
-                        help=f"refuse cases whose arrays would be larger (default "
-                             f"{DEFAULT_MAX_CASE_MIB})")
+    worker.add_argument("--expectations", type=Path,
+                        help="directory of expectation manifests (default: expectations/)")
+    parallel = argparse.ArgumentParser(add_help=False)
+    parallel.add_argument("-j", "--jobs", type=_jobs, default=1,
+                          help="cases in parallel (0: one per CPU core)")
+    parallel.add_argument("--max-case-mib", type=_positive, default=DEFAULT_MAX_CASE_MIB,
+                          help=f"refuse cases whose arrays would be larger (default "
+                               f"{DEFAULT_MAX_CASE_MIB})")
+    return {"spec": spec, "worker": worker, "parallel": parallel}
 
 
 def _parser() -> argparse.ArgumentParser:
+    from backends.tvm.kernels import build_command
+    from conformance.bench import bench_command
+    from conformance.explore import explore_command
+
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    parents = _parents()
 
-    sub.add_parser("backends", help="registered backends: availability and capabilities")
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str,
+                *uses: str) -> argparse.ArgumentParser:
+        made = sub.add_parser(name, help=help, parents=[parents[use] for use in uses])
+        made.set_defaults(handler=handler)
+        return made
 
-    listing = sub.add_parser("list", help="the case ids of a profile")
-    listing.add_argument("--profile", default="ci")
-    listing.add_argument("--spec", help="a spec TOML other than the built-in one")
+    command("backends", _cmd_backends, "registered backends: availability and capabilities")
+
+    listing = command("list", _cmd_list, "the case ids of a profile", "spec")
     listing.add_argument("-k", dest="patterns", action="append", default=[],
                          help="keep ids containing PATTERN (* and ? are wildcards)")
 
-    running = sub.add_parser("run", help="run the checks; exit 1 on any unexpected failure")
+    running = command("run", _cmd_run, "run the checks; exit 1 on any unexpected failure",
+                      "spec", "worker", "parallel")
     running.add_argument("--backend", action="append", default=[],
                          help="a registered name or module:Class (repeatable); "
                               "default: every available backend")
-    running.add_argument("--profile", default="ci")
-    running.add_argument("--spec", help="a spec TOML other than the built-in one")
     running.add_argument("-k", dest="patterns", action="append", default=[],
                          help="keep case ids containing PATTERN (* and ? are wildcards)")
     running.add_argument("--case", action="append", default=[], help="exactly this case id")
     running.add_argument("--check", action="append", default=[],
                          help=f"check family (repeatable): {', '.join(CHECK_FAMILIES)}")
-    running.add_argument("--expectations", type=Path,
-                         help="directory of expectation manifests (default: expectations/)")
     running.add_argument("--report-json", type=Path, help="write the JSON report here")
     running.add_argument("--save-accuracy", type=Path, help="save per-check errors here")
     running.add_argument("--compare-accuracy", type=Path,
@@ -104,9 +124,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="write a Markdown summary (for a CI job page) here")
     running.add_argument("--allow-empty", action="store_true",
                          help="do not fail when a backend claims no check of the run")
-    _add_isolation_options(running)
 
-    benching = sub.add_parser("bench", help="time backends' kernel calls on named shapes")
+    benching = command("bench", bench_command, "time backends' kernel calls on named shapes",
+                       "worker")
     benching.add_argument("--backend", action="append", default=[], required=True,
                           help="a registered name or module:Class (repeatable)")
     benching.add_argument("--shapes", default="cpu", help="shape set: cpu or gpu (bench.toml)")
@@ -114,24 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     benching.add_argument("--rounds", type=int, default=3,
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
-    benching.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
-                          metavar="SECONDS", help="per shape and backend (0: never)")
-    benching.add_argument("--in-process", action="store_true",
-                          help="time the backend in this process (for a debugger)")
 
-    drawing = sub.add_parser("html", help="an HTML report with plots from saved JSON reports")
-    drawing.add_argument("--report-json", type=Path, required=True)
-    drawing.add_argument("--bench-json", type=Path, help="results of `bench --report-json`")
-    drawing.add_argument("--out", type=Path, required=True)
-
-    summarising = sub.add_parser("summary", help="a Markdown table across backends from saved "
-                                                 "JSON reports")
-    summarising.add_argument("reports", nargs="+", metavar="REPORT[=MACHINE][@BACKEND,...]",
-                             help="a --report-json file (.json or .json.gz), optionally with "
-                                  "the machine to name it by and the backends to take from it")
-
-    exploring = sub.add_parser("explore", help="search the cases a backend claims for failures "
-                                                "(Hypothesis), shrink each to a spec entry")
+    exploring = command("explore", explore_command, "search the cases a backend claims for "
+                        "failures (Hypothesis), shrink each to a spec entry", "worker")
     exploring.add_argument("--backend", required=True, help="a registered name or module:Class")
     exploring.add_argument("--max-examples", type=int, default=200)
     exploring.add_argument("--time-budget", type=_positive, metavar="SECONDS",
@@ -145,47 +150,50 @@ def _parser() -> argparse.ArgumentParser:
     exploring.add_argument("--database", type=Path, default=None,
                            help="Hypothesis example database: failures found before are "
                                 "replayed first (default .hypothesis/conformance/)")
-    exploring.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
-                           metavar="SECONDS")
-    exploring.add_argument("--in-process", action="store_true")
-    exploring.add_argument("--expectations", type=Path)
 
-    comparing = sub.add_parser("compare", help="two saved reports of the same backends: what "
-                                                "newly fails (exit 1), newly passes, grew")
+    drawing = command("html", _cmd_html, "an HTML report with plots from saved JSON reports")
+    drawing.add_argument("--report-json", type=Path, required=True)
+    drawing.add_argument("--bench-json", type=Path, help="results of `bench --report-json`")
+    drawing.add_argument("--out", type=Path, required=True)
+
+    summarising = command("summary", _cmd_summary, "a Markdown table across backends from "
+                          "saved JSON reports")
+    summarising.add_argument("reports", nargs="+", metavar="REPORT[=MACHINE][@BACKEND,...]",
+                             help="a --report-json file (.json or .json.gz), optionally with "
+                                  "the machine to name it by and the backends to take from it")
+
+    comparing = command("compare", _cmd_compare, "two saved reports of the same backends: "
+                        "what newly fails (exit 1), newly passes, grew")
     comparing.add_argument("old", help="the report before (a --report-json file, .json[.gz])")
     comparing.add_argument("new", help="the report after")
     comparing.add_argument("--error-factor", type=_positive, default=2.0,
                            help="flag passing checks whose error grew more than this")
 
-    building = sub.add_parser("build", help="ahead-of-time build of a backend's kernels")
+    building = command("build", build_command, "ahead-of-time build of a backend's kernels",
+                       "spec")
+    building.set_defaults(profile="full")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
-    building.add_argument("--profile", default="full")
-    building.add_argument("--spec", help="a spec TOML other than the built-in one")
     building.add_argument("--bench-shapes", metavar="SET",
                           help="also the kernels of a bench shape set (cpu or gpu, bench.toml)")
     building.add_argument("--out", type=Path, required=True, help="directory to write")
     building.add_argument("--no-fatbin", action="store_true",
                           help="store CUDA source only (compiled by nvcc when loaded)")
 
-    expectations = sub.add_parser("expectations", help="maintain expectation manifests")
+    expectations = command("expectations", _cmd_expectations, "maintain expectation manifests",
+                           "spec", "worker", "parallel")
     expectations.add_argument("action", choices=["update"],
                               help="update: run the profile and append an entry for each "
                                    "unexpected failure, with a placeholder reason to fill")
     expectations.add_argument("--backend", required=True)
-    expectations.add_argument("--profile", default="ci")
-    expectations.add_argument("--spec", help="a spec TOML other than the built-in one")
-    expectations.add_argument("--expectations", type=Path,
-                              help="directory of expectation manifests (default: expectations/)")
-    _add_isolation_options(expectations)
 
-    skeleton = sub.add_parser("new-backend", help="write a skeleton adapter to fill in")
+    skeleton = command("new-backend", _cmd_new_backend, "write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
     skeleton.add_argument("--out", type=Path, help="file to write (default: NAME.py here)")
     return parser
 
 
-def _cmd_backends() -> int:
+def _cmd_backends(args: argparse.Namespace) -> int:
     for name in sorted(known_backends()):
         backend = open_backend(name)
         state = "available" if backend.reason is None else f"unavailable: {backend.reason}"
@@ -197,6 +205,13 @@ def _cmd_backends() -> int:
         conventions = backend.cls.conventions.describe()
         print(f"  conventions: LSE base {conventions['lse_base']}, empty-context LSE "
               f"{conventions['empty_lse']}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    settings = RunSettings(profile=args.profile, spec_path=args.spec)
+    for case in select_cases(settings.spec(), args.profile, args.patterns):
+        print(case.id)
     return 0
 
 
@@ -271,11 +286,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
         backends = [b for b in backends if b.reason is None]
     started = time.monotonic()
-    signal.signal(signal.SIGTERM, _interrupt)  # a timeout's TERM still writes the reports
-    signal.signal(signal.SIGINT, _interrupt)
+    stop_on_signals()
     report = run(backends, cases, settings, Progress(), jobs=_job_count(args.jobs))
-    # From here on the reports are written whole: a second Ctrl-C or TERM waits for them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    protect_reports()
     if baseline is not None:
         report.results.extend(drift_results(report, baseline, args.drift_factor))
     report.strict_manifest = args.strict_manifest
@@ -300,132 +313,7 @@ def _job_count(jobs: int) -> int:
     return jobs if jobs > 0 else (os.cpu_count() or 1)
 
 
-def _interrupt(signum, frame) -> None:
-    """The first Ctrl-C or TERM stops the run; later ones are ignored while reports are written."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from conformance.bench import select_shapes
-
-    if args.report_json is not None:
-        check_output(args.report_json, "--report-json")
-    shapes = select_shapes(args.shapes, args.shape)
-    backends = open_backends(args.backend)
-    for backend in backends:
-        if backend.reason:
-            print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
-                  file=sys.stderr)
-            return 2
-    results, failed, copy_rate = [], 0, None
-    machine = {"platform": platform.platform(), "python": platform.python_version()}
-    print(f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}")
-    try:
-        for backend in backends:
-            handle = backend.connect(isolated=not args.in_process)
-            handle.begin_case(args.case_timeout)
-            try:
-                device, rate, gpu = handle.call("timing_device")
-            except Exception as exc:  # one backend's fault must not lose the other results
-                failed += 1
-                print(f"{backend.label:18} {'-':18} ERROR {describe_exception(exc)}", flush=True)
-                continue
-            if device == "cuda" and copy_rate is None:
-                copy_rate = rate
-                machine.update(gpu)
-                print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
-            for shape in shapes:
-                handle.begin_case(args.case_timeout)
-                try:
-                    result = handle.call("bench", backend.label, shape, args.rounds,
-                                         copy_rate if device == "cuda" else None)
-                except Exception as exc:
-                    failed += 1
-                    print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",
-                          flush=True)
-                    continue
-                results.append(result)
-                share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy \
-                    else "      -"
-                print(f"{backend.label:18} {shape.name:18} {result.median_s * 1e6:8.1f}us "
-                      f"{result.bytes_per_s / 1e9:8.1f} {share} {result.spread:7.3f}", flush=True)
-    finally:
-        for backend in backends:
-            backend.disconnect()
-    if args.report_json:
-        write_atomically(args.report_json, json.dumps(
-            {"schema": "paged-decode-conformance/bench/1", "machine": machine,
-             "copy_bytes_per_s": copy_rate, "results": [r.as_dict() for r in results]},
-            indent=1) + "\n")
-        print(f"JSON: {args.report_json}")
-    return 1 if failed else 0
-
-
-def _cmd_explore(args: argparse.Namespace) -> int:
-    from conformance.explore import (
-        DEFAULT_DATABASE,
-        REGRESSION_PROFILE,
-        explore,
-        print_progress,
-        save_spec,
-    )
-
-    if args.max_examples < 1:
-        raise SpecError(f"--max-examples must be at least 1, got {args.max_examples}")
-    for option in ("save_spec", "report_json"):
-        if getattr(args, option) is not None:
-            check_output(getattr(args, option), "--" + option.replace("_", "-"))
-    if args.expectations is not None:
-        check_directory(args.expectations, "--expectations")
-    settings = RunSettings(profile="explore", families=check_families(args.checks or
-                                                                      CHECK_FAMILIES),
-                           manifest_dir=args.expectations, isolated=not args.in_process,
-                           case_timeout=args.case_timeout)
-    backend = open_backends([args.backend], args.expectations)[0]
-    if backend.reason:
-        print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
-              file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
-                        args.database or DEFAULT_DATABASE, progress=print_progress)
-    finally:
-        backend.disconnect()
-    print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
-          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}; "
-          f"{len(state.findings)} failing check(s)")
-    entries, rows = [], []
-    for number, finding in enumerate(state.findings.values(), start=1):
-        name = f"explore-{backend.label}-{finding.check.replace('/', '-')}-{number}"
-        entry = finding.spec_entry(name)
-        case_id = finding.case.id.replace("explore/", f"{name}/", 1)
-        spec = args.save_spec or "regressions.toml"
-        rerun = (f"python -m conformance run --backend {args.backend} --spec {spec} --profile "
-                 f"{REGRESSION_PROFILE} --case '{case_id}'")
-        print(f"\n- {finding.result.status.upper()} {finding.check}: {finding.result.message}"
-              f"\n  smallest case: {finding.case.id}\n\n{entry}\n  rerun: {rerun}")
-        entries.append(entry)
-        rows.append({"check": finding.check, "status": finding.result.status,
-                     "message": finding.result.message, "case": finding.case.id,
-                     "spec_entry": entry, "reproducer": rerun})
-    if entries and args.save_spec:
-        save_spec(args.save_spec, entries)
-        print(f"\nappended {len(entries)} case(s) to {args.save_spec}")
-    elif entries:
-        print("\nkeep them with --save-spec FILE (a spec that `run --spec FILE` replays)")
-    if args.report_json:
-        write_atomically(args.report_json, json.dumps(
-            {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
-             "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
-             "stopped_early": state.stopped_early, "findings": rows}, indent=1) + "\n")
-    return 1 if state.findings else 0
-
-
 def _cmd_html(args: argparse.Namespace) -> int:
-
     from conformance.html_report import write_html
 
     check_output(args.out, "--out")
@@ -440,27 +328,20 @@ def _cmd_html(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    from backends.registry import resolve
-    from backends.tvm import kernels
-    from conformance.bench import select_shapes
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from conformance.summary import markdown, parse_source
 
-    backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
-    settings = RunSettings(profile=args.profile, spec_path=args.spec)
-    cases = select_cases(settings.spec(), args.profile)
-    if args.bench_shapes:
-        cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
-    cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
-    keys = sorted({k for c in cases for k in kernels.keys_for_case(c, args.target)},
-                  key=lambda k: k.filename)
-    print(f"building {len(keys)} TVM kernels for {len(cases)} cases of profile "
-          f"{args.profile} into {args.out}", flush=True)
-    started = time.monotonic()
-    summary = kernels.build(keys, args.out, fatbins=not args.no_fatbin)
-    print(f"done in {time.monotonic() - started:.1f}s: compile {summary['compile_seconds']:.1f}s, "
-          f"nvcc {summary['nvcc_seconds']:.1f}s; {len(summary['failures'])} kernels TVM could "
-          f"not build (listed in manifest.json); run with {kernels.AOT_ENV_NAME}={args.out}")
+    print(markdown([parse_source(text) for text in args.reports]), end="")
     return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from conformance.compare import compare, render
+    from conformance.summary import load_report
+
+    changes = compare(load_report(args.old), load_report(args.new), args.error_factor)
+    print(render(changes), end="")
+    return 1 if changes["newly failing"] else 0
 
 
 def _cmd_expectations(args: argparse.Namespace) -> int:
@@ -477,8 +358,7 @@ def _cmd_expectations(args: argparse.Namespace) -> int:
     cases = select_cases(settings.spec(), args.profile)
     check_sizes(cases, args.max_case_mib)
     report = run([backend], cases, settings, Progress(), jobs=_job_count(args.jobs))
-    failing = sorted({(r.case, r.check) for r in report.failures if r.status in ("failed",
-                                                                                   "error")})
+    failing = sorted({(r.case, r.check) for r in report.failures if r.status in BROKEN})
     if not failing:
         print(f"{backend.label}: no unexpected failures on profile {args.profile}; "
               f"nothing to add")
@@ -494,43 +374,18 @@ def _cmd_expectations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_new_backend(args: argparse.Namespace) -> int:
+    out = args.out or Path(f"{args.name.replace('-', '_')}.py")
+    write_skeleton(args.name, out)
+    print(f"wrote {out}; run it with: python -m conformance run --backend "
+          f"{out}:{class_name(args.name)} --profile smoke --allow-empty")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "backends":
-            return _cmd_backends()
-        if args.command == "list":
-            return _cmd_list(args)
-        if args.command == "run":
-            return _cmd_run(args)
-        if args.command == "bench":
-            return _cmd_bench(args)
-        if args.command == "build":
-            return _cmd_build(args)
-        if args.command == "html":
-            return _cmd_html(args)
-        if args.command == "explore":
-            return _cmd_explore(args)
-        if args.command == "compare":
-            from conformance.compare import compare, render
-            from conformance.summary import load_report
-
-            changes = compare(load_report(args.old), load_report(args.new), args.error_factor)
-            print(render(changes), end="")
-            return 1 if changes["newly failing"] else 0
-        if args.command == "summary":
-            from conformance.summary import markdown, parse_source
-
-            print(markdown([parse_source(text) for text in args.reports]), end="")
-            return 0
-        if args.command == "expectations":
-            return _cmd_expectations(args)
-        out = args.out or Path(f"{args.name.replace('-', '_')}.py")
-        write_skeleton(args.name, out)
-        print(f"wrote {out}; run it with: python -m conformance run --backend "
-              f"{out}:{class_name(args.name)} --profile smoke")
-        return 0
+        return args.handler(args)
     except (SpecError, UnknownBackendError, ManifestError, ValueError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conformance.accuracy import NOISE_FLOOR
+from conformance.status import Status
 
-PASSING = {"passed", "unexpected-pass"}
-FAILING = {"failed", "error", "known-failure"}
+PASSING = {Status.PASSED, Status.UNEXPECTED_PASS}
+FAILING = {Status.FAILED, Status.ERROR, Status.KNOWN_FAILURE}
 
 Key = tuple[str, str, str]  # (backend, case, check)
 
@@ -52,7 +53,7 @@ def compare(old: dict, new: dict, factor: float = 2.0) -> dict[str, list[Change]
             changes["newly failing"].append(Change(key, a, b, now["message"][:200]))
         elif a in FAILING and b in PASSING:
             changes["newly passing"].append(Change(key, a, b))
-        elif (a == "unsupported") != (b == "unsupported"):
+        elif (a == Status.UNSUPPORTED) != (b == Status.UNSUPPORTED):
             changes["claims changed"].append(Change(key, a, b, now["message"][:120]))
         elif a in PASSING and b in PASSING:
             e_old, e_new, budget = (_number(was["error"]), _number(now["error"]),

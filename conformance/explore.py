@@ -9,14 +9,16 @@ Hypothesis's example database (``.hypothesis/conformance/`` by default).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.runner import FAILING, BackendRun, Result, RunSettings, evaluate_case
+from conformance.runner import BackendRun, Result, RunSettings, evaluate_case
 from conformance.spec import Case
+from conformance.status import FAILING
 
 DEFAULT_DATABASE = Path(".hypothesis") / "conformance"
 REGRESSION_PROFILE = "regressions"
@@ -173,3 +175,65 @@ def print_progress(state: Exploration, left: float | None, stream=sys.stderr) ->
         stream.write(f"{state.examples} examples, {len(state.findings)} failing checks"
                      f"{budget}\n")
         stream.flush()
+
+
+def explore_command(args: argparse.Namespace) -> int:
+    """``python -m conformance explore``: search, print each finding as a spec entry, save."""
+    import json
+
+    from conformance.checks import CHECK_FAMILIES
+    from conformance.inputs import check_directory, check_output, write_atomically
+    from conformance.interrupts import stop_on_signals
+    from conformance.runner import check_families, open_backends
+    from conformance.spec import SpecError
+
+    if args.max_examples < 1:
+        raise SpecError(f"--max-examples must be at least 1, got {args.max_examples}")
+    for option in ("save_spec", "report_json"):
+        if getattr(args, option) is not None:
+            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    if args.expectations is not None:
+        check_directory(args.expectations, "--expectations")
+    settings = RunSettings(profile="explore", families=check_families(args.checks or
+                                                                      CHECK_FAMILIES),
+                           manifest_dir=args.expectations, isolated=not args.in_process,
+                           case_timeout=args.case_timeout)
+    backend = open_backends([args.backend], args.expectations)[0]
+    if backend.reason:
+        print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
+              file=sys.stderr)
+        return 2
+    stop_on_signals()
+    try:
+        state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
+                        args.database or DEFAULT_DATABASE, progress=print_progress)
+    finally:
+        backend.disconnect()
+    print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
+          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}; "
+          f"{len(state.findings)} failing check(s)")
+    entries, rows = [], []
+    for number, finding in enumerate(state.findings.values(), start=1):
+        name = f"explore-{backend.label}-{finding.check.replace('/', '-')}-{number}"
+        entry = finding.spec_entry(name)
+        case_id = finding.case.id.replace("explore/", f"{name}/", 1)
+        spec = args.save_spec or "regressions.toml"
+        rerun = (f"python -m conformance run --backend {args.backend} --spec {spec} --profile "
+                 f"{REGRESSION_PROFILE} --case '{case_id}'")
+        print(f"\n- {finding.result.status.upper()} {finding.check}: {finding.result.message}"
+              f"\n  smallest case: {finding.case.id}\n\n{entry}\n  rerun: {rerun}")
+        entries.append(entry)
+        rows.append({"check": finding.check, "status": finding.result.status,
+                     "message": finding.result.message, "case": finding.case.id,
+                     "spec_entry": entry, "reproducer": rerun})
+    if entries and args.save_spec:
+        save_spec(args.save_spec, entries)
+        print(f"\nappended {len(entries)} case(s) to {args.save_spec}")
+    elif entries:
+        print("\nkeep them with --save-spec FILE (a spec that `run --spec FILE` replays)")
+    if args.report_json:
+        write_atomically(args.report_json, json.dumps(
+            {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
+             "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
+             "stopped_early": state.stopped_early, "findings": rows}, indent=1) + "\n")
+    return 1 if state.findings else 0

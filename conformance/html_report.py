@@ -13,6 +13,8 @@ import io
 import re
 from pathlib import Path
 
+from conformance.status import FAILING
+
 _CTX = re.compile(r"ctx\[([\d,]+)\]|ctx(\d+)x\[(\d+)\.\.(\d+)\]|ctx(\d+)x\[(\d+)\]")
 DTYPE_COLOURS = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
 
@@ -106,7 +108,7 @@ def render(report: dict, bench: dict | None = None) -> str:
             + "</td>" for f in families)
         body += f"<tr><th>{html.escape(backend)}</th>{cells}</tr>"
     failures = [r for r in report["results"]
-                if r["status"] in ("failed", "error", "unexpected-pass")][:100]
+                if r["status"] in FAILING][:100]
     failure_items = "".join(
         f"<li><b>{html.escape(r['status'])}</b> {html.escape(r['backend'])} "
         f"<code>{html.escape(r['check'])}</code> on <code>{html.escape(r['case'])}</code>: "

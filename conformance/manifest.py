@@ -16,9 +16,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import expectations
 from conformance.inputs import read_text
+from conformance.status import BROKEN, Status
 
-EXPECTATIONS_DIR = Path(__file__).resolve().parent.parent / "expectations"
+EXPECTATIONS_DIR = Path(expectations.__file__).resolve().parent  # shipped in the wheel too
 _KEYS = {"case", "check", "reason", "link", "device", "except"}
 DEVICES = ("cpu", "cuda")
 
@@ -127,16 +129,16 @@ def apply(manifest: Manifest, case_id: str, checks: list[tuple[str, str]],
     """
     entries = [manifest.lookup(case_id, check, device) for check, _ in checks]
     failing_entries = {id(entry) for entry, (_, status) in zip(entries, checks, strict=True)
-                       if entry is not None and status in ("failed", "error")}
+                       if entry is not None and status in BROKEN}
     results = []
     for entry, (_, status) in zip(entries, checks, strict=True):
         if entry is None:
             results.append((status, ""))
-        elif status in ("failed", "error"):
-            results.append(("known-failure", entry.reason))
-        elif status == "passed" and id(entry) not in failing_entries:
+        elif status in BROKEN:
+            results.append((Status.KNOWN_FAILURE, entry.reason))
+        elif status == Status.PASSED and id(entry) not in failing_entries:
             where = f"{manifest.path}:{entry.line}" if manifest.path else "the manifest"
-            results.append(("unexpected-pass", f"listed as known ({entry.reason}) but passed: "
+            results.append((Status.UNEXPECTED_PASS, f"listed as known ({entry.reason}) but passed: "
                                                f"remove or narrow the entry at {where}"))
         else:
             results.append((status, ""))

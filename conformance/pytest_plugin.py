@@ -27,6 +27,7 @@ from conformance.runner import (
     select_cases,
 )
 from conformance.spec import Case, SpecError
+from conformance.status import FAILING, Status
 
 DEFAULT_BACKEND = "numpy"
 DEFAULT_PROFILE = "smoke"
@@ -170,7 +171,7 @@ def check_item(session: ConformanceSession, name: str, case: Case, family: str,
     if captured is not None and node is not None:
         node.add_report_section("call", "backend output", f"{captured.total_bytes} bytes, the "
                                 f"last {len(captured.tail)} characters:\n{captured.tail}")
-    failing = [r for r in results if r.status in ("failed", "error", "unexpected-pass")]
+    failing = [r for r in results if r.status in FAILING]
     if failing:
         lines = []
         for r in failing:
@@ -179,10 +180,10 @@ def check_item(session: ConformanceSession, name: str, case: Case, family: str,
             lines.append(f"{r.status.upper()} {r.check}{measured}: {r.message}")
         pytest.fail("\n".join(lines) + f"\nrerun: {failing[0].reproducer}", pytrace=False)
     statuses = {r.status for r in results}
-    if statuses == {"unsupported"}:
+    if statuses == {Status.UNSUPPORTED}:
         pytest.skip(f"unsupported: {results[0].message}")
-    known = [r for r in results if r.status == "known-failure"]
-    if known and "passed" not in statuses:
+    known = [r for r in results if r.status == Status.KNOWN_FAILURE]
+    if known and Status.PASSED not in statuses:
         pytest.xfail(f"known failure: {known[0].message}")
     if known:
         pytest.xfail(f"{len(known)} known failure(s) among {len(results)} checks: "

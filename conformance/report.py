@@ -15,18 +15,19 @@ import numpy as np
 
 from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import write_atomically
-from conformance.runner import FAILING, RunReport, results_by_family
+from conformance.runner import RunReport, results_by_family
+from conformance.status import FAILING, Status
 
 SCHEMA = "paged-decode-conformance/report/1"
 # Cell letters of the terminal matrix, in the order they are shown.
-MARKS = {"failed": "F", "error": "E", "unexpected-pass": "X", "known-failure": "K",
-         "unsupported": "U"}
+MARKS = {Status.FAILED: "F", Status.ERROR: "E", Status.UNEXPECTED_PASS: "X",
+         Status.KNOWN_FAILURE: "K", Status.UNSUPPORTED: "U"}
 LEGEND = ("cell = checks passed, then F failed, E error, X unexpected pass (strict), "
           "K known failure (manifest), U unsupported")
 
 
 def _cell(counts: dict[str, int]) -> str:
-    parts = [str(counts.get("passed", 0))]
+    parts = [str(counts.get(Status.PASSED, 0))]
     parts += [f"{mark}{counts[status]}" for status, mark in MARKS.items() if counts.get(status)]
     return " ".join(parts)
 
@@ -161,21 +162,21 @@ def write_junit(report: RunReport, path: str | Path) -> None:
     for backend in report.backends:
         results = [r for r in report.results if r.backend == backend.label]
         suite = ET.SubElement(root, "testsuite", name=backend.label, tests=str(len(results)),
-                              failures=str(sum(r.status in ("failed", "unexpected-pass")
+                              failures=str(sum(r.status in (Status.FAILED, Status.UNEXPECTED_PASS)
                                                for r in results)),
-                              errors=str(sum(r.status == "error" for r in results)),
-                              skipped=str(sum(r.status in ("unsupported", "known-failure")
+                              errors=str(sum(r.status == Status.ERROR for r in results)),
+                              skipped=str(sum(r.status in (Status.UNSUPPORTED, Status.KNOWN_FAILURE)
                                               for r in results)))
         for result in results:
             case = ET.SubElement(suite, "testcase", classname=backend.label,
                                  name=f"{result.case}::{result.check}")
             message = plain_text(result.message)
             text = f"{message}\nrerun: {result.reproducer}"
-            if result.status in ("failed", "unexpected-pass"):
+            if result.status in (Status.FAILED, Status.UNEXPECTED_PASS):
                 ET.SubElement(case, "failure", message=message[:200]).text = text
-            elif result.status == "error":
+            elif result.status == Status.ERROR:
                 ET.SubElement(case, "error", message=message[:200]).text = text
-            elif result.status in ("unsupported", "known-failure"):
+            elif result.status in (Status.UNSUPPORTED, Status.KNOWN_FAILURE):
                 ET.SubElement(case, "skipped", message=f"{result.status}: {message}"[:500])
     text = ET.tostring(root, encoding="unicode")
     write_atomically(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text + "\n")

@@ -23,10 +23,10 @@ from conformance.sandbox import (
     describe_exception,
 )
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
+from conformance.status import FAILING, Status
 
 DEFAULT_CASE_TIMEOUT = 300.0  # seconds; 0 disables
 
-FAILING = ("failed", "error", "unexpected-pass")
 
 
 @dataclass(frozen=True)
@@ -170,14 +170,15 @@ def family_outcomes(backend: BackendRun, case: Case, family: str,
                     trial: Trial | None = None) -> list[Outcome]:
     """Run one family, or say why it cannot run: unsupported, or an error with its cause."""
     if backend.reason:  # unavailable here: the harness refused it, so it is not claimed
-        return [Outcome(family, "unsupported", message=f"backend unavailable: {backend.reason}")]
+        return [Outcome(family, Status.UNSUPPORTED,
+                        message=f"backend unavailable: {backend.reason}")]
     try:
         reason = backend.handle.unsupported_reason(case)
         if reason:
-            return [Outcome(family, "unsupported", message=reason)]
+            return [Outcome(family, Status.UNSUPPORTED, message=reason)]
         return CHECK_FAMILIES[family](trial or Trial(backend.handle, case))
     except Exception as exc:  # a fault in the adapter or the case is a result, not a crash
-        return [Outcome(family, "error", message=describe_exception(exc))]
+        return [Outcome(family, Status.ERROR, message=describe_exception(exc))]
 
 
 def evaluate(backend: BackendRun, case: Case, family: str, settings: RunSettings,
@@ -238,7 +239,7 @@ class RunReport:
         problems = []
         for backend in self.backends:
             statuses = {r.status for r in self.results if r.backend == backend.label}
-            if statuses <= {"unsupported"}:
+            if statuses <= {Status.UNSUPPORTED}:
                 claims = backend.cls.capabilities.describe()
                 problems.append(
                     f"backend {backend.label} claims no check of this run (profile "
@@ -292,7 +293,7 @@ def _evaluate_in_worker(task: tuple[str, Case, RunSettings]) -> CaseRecord:
         _WORKER_BACKENDS[target] = open_backend(target, settings.manifest_dir)
     backend = _WORKER_BACKENDS[target]
     if backend.reason is not None:  # available to the parent, not here: every check errs
-        outcomes = [Outcome(f, "error", message=f"backend unavailable in the worker process: "
+        outcomes = [Outcome(f, Status.ERROR, message=f"backend unavailable in the worker process: "
                                                   f"{backend.reason}") for f in settings.families]
         return CaseRecord(results_of(backend, case, outcomes, settings))
     return evaluate_case(backend, case, settings)
@@ -302,7 +303,7 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
                    exitcode: int | None) -> CaseRecord:
     """What a case reports when the harness worker died under it; manifests still apply."""
     how = f"signal {-exitcode}" if exitcode and exitcode < 0 else f"exit code {exitcode}"
-    outcomes = [Outcome(family, "error", message=f"the worker process died ({how}) while "
+    outcomes = [Outcome(family, Status.ERROR, message=f"the worker process died ({how}) while "
                                                  f"running this case")
                 for family in settings.families]
     return CaseRecord(results_of(backend, case, outcomes, settings))

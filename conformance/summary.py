@@ -13,9 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 from conformance.inputs import InputError, read_json
+from conformance.status import FAILING, Status
 
-COLUMNS = ("backend", "machine", "profile", "cases claimed", "passed", "known failure",
-           "unsupported", "failed or error", "findings")
+COLUMNS = ("backend", "machine", "profile", "cases claimed", Status.PASSED, "known failure",
+           Status.UNSUPPORTED, "failed or error", "findings")
 
 
 def load_report(path: str | Path) -> dict:
@@ -44,7 +45,7 @@ def findings(report: dict, backend: str) -> list[str]:
     else:
         manifest = load_manifest(backend, Path(manifest_path).parent)
     reasons = {r["message"] for r in report["results"]
-               if r["backend"] == backend and r["status"] == "known-failure"}
+               if r["backend"] == backend and r["status"] == Status.KNOWN_FAILURE}
     links = {e.link for e in manifest.entries
              if e.link and any(e.reason in message for message in reasons)}
     return sorted(links)
@@ -62,7 +63,7 @@ def rows(report: dict, machine: str, only: tuple[str, ...] = ()) -> list[list[st
         results = [r for r in report["results"] if r["backend"] == backend]
         counts = Counter(r["status"] for r in results)
         cases = {r["case"] for r in results}
-        claimed = {r["case"] for r in results if r["status"] != "unsupported"}
+        claimed = {r["case"] for r in results if r["status"] != Status.UNSUPPORTED}
         profile = report["profile"]
         if len(cases) < total_cases:
             profile += f" (partial: {len(cases)} cases ran)"
@@ -70,9 +71,9 @@ def rows(report: dict, machine: str, only: tuple[str, ...] = ()) -> list[list[st
         device = described.get("device")
         where = f"{machine}, {device}" if device and device not in machine else machine
         table.append([backend, where, profile, str(len(claimed)),
-                      str(counts["passed"]), str(counts["known-failure"]),
-                      str(counts["unsupported"]),
-                      str(counts["failed"] + counts["error"] + counts["unexpected-pass"]),
+                      str(counts[Status.PASSED]), str(counts[Status.KNOWN_FAILURE]),
+                      str(counts[Status.UNSUPPORTED]),
+                      str(sum(counts[status] for status in FAILING)),
                       ", ".join(links) or "-"])
     return table
 

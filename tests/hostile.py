@@ -141,7 +141,7 @@ class FalseAvailability(NumpySplitK):
 
 def in_backend_worker() -> bool:
     spec = getattr(sys.modules["__main__"], "__spec__", None)
-    return getattr(spec, "name", "") == "conformance.sandbox"
+    return getattr(spec, "name", "") == "conformance.worker"
 
 
 class UnavailableInWorkers(NumpySplitK):

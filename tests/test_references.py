@@ -9,7 +9,7 @@ from references import decode_reference, kept_tokens, merge_reference
 
 
 def brute_force(q, k_pages, v_pages, table, lens, sm_scale, window=None, sinks=0):
-    """Token by token with plain Python floats: a second, independent reading of docs/design.md §3."""
+    """Token by token with plain Python floats: a second reading of docs/design.md §3."""
     batch, hq, d = q.shape
     hkv = k_pages.shape[2]
     page_size = k_pages.shape[1]

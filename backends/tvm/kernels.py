@@ -233,3 +233,29 @@ def keys_for_case(case, target: str) -> set[KernelKey]:
     keys.add(KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim,
                        case.dtype))
     return keys
+
+
+def build_command(args) -> int:
+    """``python -m conformance build tvm``: every kernel a profile (and bench set) needs."""
+    import time
+
+    from backends.registry import resolve
+    from conformance.bench import select_shapes
+    from conformance.runner import RunSettings, select_cases
+
+    backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
+    settings = RunSettings(profile=args.profile, spec_path=args.spec)
+    cases = select_cases(settings.spec(), args.profile)
+    if args.bench_shapes:
+        cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
+    cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
+    keys = sorted({k for c in cases for k in keys_for_case(c, args.target)},
+                  key=lambda k: k.filename)
+    print(f"building {len(keys)} TVM kernels for {len(cases)} cases of profile "
+          f"{args.profile} into {args.out}", flush=True)
+    started = time.monotonic()
+    summary = build(keys, args.out, fatbins=not args.no_fatbin)
+    print(f"done in {time.monotonic() - started:.1f}s: compile {summary['compile_seconds']:.1f}s, "
+          f"nvcc {summary['nvcc_seconds']:.1f}s; {len(summary['failures'])} kernels TVM could "
+          f"not build (listed in manifest.json); run with {AOT_ENV_NAME}={args.out}")
+    return 0

@@ -1,0 +1,163 @@
+"""Merge: split-K states merged by the backend's own merge, and the merge's algebra."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from backends.base import AttentionState
+from conformance.checks.trial import (
+    Outcome,
+    Trial,
+    errored,
+    fault_outcome,
+    run_each,
+    seed,
+    unsupported,
+)
+from conformance.problem import LogicalKV, Problem
+from conformance.status import Status
+from conformance.tolerances import lse_error
+from references import merge_reference
+
+
+def _cuts(kept: int, page_size: int, scheme: str) -> list[int]:
+    """Cut points over the kept tokens of one row (duplicates make empty segments)."""
+    if scheme == "page":
+        third = max(1, kept // 3 // page_size) * page_size
+        return [0, min(third, kept), min(2 * third, kept), kept]
+    if scheme == "inside-page":
+        inside = (kept // 2 // page_size) * page_size + max(1, page_size // 2)
+        return [0, min(inside, kept), kept]
+    half = kept // 2
+    return [0, 0, half, half, kept]
+
+
+def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
+    """Decode the kept tokens cut into segments; returns the states or an error message."""
+    logical, problem = trial.logical, trial.problem
+    kept = [problem.kept(b) for b in range(problem.batch)]
+    cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
+    count = len(cuts[0]) - 1
+
+    def segment(j: int) -> Problem:
+        rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
+        keys = tuple(k[r] for k, r in zip(logical.keys, rows, strict=True))
+        values = tuple(v[r] for v, r in zip(logical.values, rows, strict=True))
+        part = LogicalKV(q=logical.q, keys=keys, values=values, sm_scale=logical.sm_scale)
+        return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
+
+    states, laid = [], [segment(0)]
+    for j in range(count):
+        # lay out the next segment while the backend decodes this one
+        run = trial.decode(laid[j], meanwhile=(lambda j=j: laid.append(segment(j + 1)))
+                           if j + 1 < count else None)
+        if run.exception:
+            return f"segment {j} ({scheme} cuts): {run.exception}"
+        states.append(run.state)
+    return states
+
+
+def _fold(trial: Trial, states: list[AttentionState]) -> AttentionState:
+    merged = states[0]
+    for state in states[1:]:
+        merged = trial.merge(merged, state)
+    return merged
+
+
+def check_merge(trial: Trial) -> list[Outcome]:
+    """Split-K equivalence with the backend's merge, and the merge's algebra."""
+    missing = {"lse", "merge"} - trial.has
+    if missing:
+        return [unsupported("merge", f"feature {', '.join(sorted(missing))} not in capabilities")]
+    base = trial.first_run
+    if base.exception:
+        return [errored("merge", base)]
+    ref_out, ref_lse = trial.reference
+    outcomes: list[Outcome] = []
+    pieces: dict[str, list[AttentionState]] = {}
+    for scheme in ("page", "inside-page", "empty-segments"):
+        check = f"merge/segments-{scheme}"
+        try:
+            states = segment_states(trial, scheme)
+            if isinstance(states, str):
+                outcomes.append(Outcome(check, Status.ERROR, message=states))
+                continue
+            pieces[scheme] = states
+            merged = _fold(trial, states)
+            outcome = trial.compare(check, merged, ref_out, ref_lse, scale=len(states),
+                                    what=f"{len(states)} segments merged vs oracle")
+            outcomes.append(outcome)
+        except Exception as exc:
+            outcomes.append(fault_outcome(check, exc))
+    empty = trial.empty_state()
+    algebra: list[tuple[str, Callable[[], Outcome]]] = [
+        ("merge/identity", lambda: _identity(trial, base.state, empty)),
+        ("merge/both-empty", lambda: _both_empty(trial, empty)),
+    ]
+    if "page" in pieces:
+        a, b, c = pieces["page"]
+        algebra += [
+            ("merge/commutative", lambda: trial.compare(
+                "merge/commutative", trial.merge(b, a), *_as_pair(trial.merge(a, b)),
+                what="merge(b, a) vs merge(a, b)")),
+            ("merge/associative", lambda: trial.compare(
+                "merge/associative", trial.merge(a, trial.merge(b, c)),
+                *_as_pair(trial.merge(trial.merge(a, b), c)), scale=2,
+                what="tree vs left-to-right")),
+            ("merge/lse-gap", lambda: _lse_gap(trial, a, b)),
+        ]
+    return outcomes + run_each(algebra)
+
+
+def _as_pair(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(state.out, dtype=np.float64), state.lse
+
+
+def _identity(trial: Trial, state: AttentionState, empty: AttentionState) -> Outcome:
+    for order, merged in (("merge(x, empty)", trial.merge(state, empty)),
+                          ("merge(empty, x)", trial.merge(empty, state))):
+        outcome = trial.compare("merge/identity", merged, *_as_pair(state), what=order)
+        if outcome.status != Status.PASSED:
+            return outcome
+    return outcome
+
+
+def _both_empty(trial: Trial, empty: AttentionState) -> Outcome:
+    merged = trial.merge(empty, replace(empty, out=empty.out.copy(), lse=empty.lse.copy()))
+    out = np.asarray(merged.out, dtype=np.float64)
+    error = lse_error(merged.lse, np.full(merged.lse.shape, -np.inf), trial.empty_lse)
+    if np.isnan(out).any() or np.any(out != 0) or not math.isfinite(error):
+        return Outcome("merge/both-empty", Status.FAILED, math.inf, message=(
+            f"merge(empty, empty) gave {int(np.isnan(out).sum())} NaN and "
+            f"{int(np.sum(np.nan_to_num(out) != 0))} non-zero output values, LSE "
+            f"{float(merged.lse.flat[0])!r}; want 0 and {trial.empty_lse!r}"))
+    return Outcome("merge/both-empty", Status.PASSED, 0.0)
+
+
+def _lse_gap(trial: Trial, a: AttentionState, b: AttentionState) -> Outcome:
+    """States whose LSEs differ by more than 100, and states at |LSE| ~ 3e4."""
+    live = np.isfinite(a.lse) & np.isfinite(b.lse) & (a.lse != trial.empty_lse) & \
+        (b.lse != trial.empty_lse)
+    worst: Outcome | None = None
+    for shift_a, shift_b in ((150.0, 0.0), (0.0, 150.0), (3e4, 3e4 - 120.0)):
+        sa = AttentionState(out=a.out, lse=np.where(live, a.lse + np.float32(shift_a), a.lse)
+                            .astype(np.float32))
+        sb = AttentionState(out=b.out, lse=np.where(live, b.lse + np.float32(shift_b), b.lse)
+                            .astype(np.float32))
+        ref_out, ref_lse = merge_reference(sa.out, np.where(live, sa.lse, -np.inf), sb.out,
+                                           np.where(live, sb.lse, -np.inf))
+        merged = trial.merge(sa, sb)
+        keep = np.where(live[..., None], merged.out, 0)
+        want = np.where(live[..., None], ref_out, 0)
+        outcome = trial.compare("merge/lse-gap", AttentionState(keep, np.where(
+            live, merged.lse, trial.empty_lse).astype(np.float32)), want, ref_lse,
+            what=f"LSE shifted by {shift_a:g} and {shift_b:g}")
+        if worst is None or outcome.status != Status.PASSED:
+            worst = outcome
+        if outcome.status != Status.PASSED:
+            break
+    return worst

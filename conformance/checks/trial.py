@@ -1,0 +1,258 @@
+"""What the checks of one (backend, case) share: the ``Trial`` and its outcomes.
+
+A ``Trial`` holds the problem, the float64 oracle, the budget and the two poisoned decode
+runs, each computed once; each family (the sibling modules) is a function of a trial that
+returns ``Outcome`` records named ``family/sub-check``.
+"""
+
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from backends.base import AttentionState
+from conformance.dtypes import numpy_dtype
+from conformance.problem import (
+    POISONS,
+    LogicalKV,
+    Problem,
+    logical_kv,
+    materialise,
+    poisoned_outputs,
+)
+from conformance.sandbox import BackendHandle, ContractError, describe_exception
+from conformance.spec import Case
+from conformance.status import Status
+from conformance.tolerances import (
+    RATIO,
+    Budget,
+    lse_error,
+    lse_rounding,
+    output_error,
+    score_rounding,
+    table_budget,
+)
+from references import decode_reference
+
+
+@dataclass(frozen=True)
+class Outcome:
+    check: str
+    status: str
+    error: float | None = None
+    budget: Budget | None = None
+    message: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.check.split("/", 1)[0]
+
+
+@dataclass
+class Run:
+    """One decode call: its outputs, or the exception it raised; and what it did to inputs."""
+
+    out: np.ndarray | None = None
+    lse: np.ndarray | None = None
+    exception: str = ""
+    mutated: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> AttentionState:
+        return AttentionState(out=self.out, lse=self.lse)
+
+
+class Trial:
+    """Everything the checks of one backend on one case share, computed at most once.
+
+    The backend is reached only through its handle, which hands it copies: the problem, the
+    oracle and the fingerprints here are never seen by the code under test."""
+
+    def __init__(self, backend: BackendHandle, case: Case):
+        self.backend = backend
+        self.case = case
+
+    @cached_property
+    def logical(self) -> LogicalKV:
+        return logical_kv(self.case)
+
+    @cached_property
+    def problem(self) -> Problem:
+        return materialise(self.case)
+
+    @cached_property
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        return reference_of(self.problem)
+
+    @cached_property
+    def budget(self) -> tuple[Budget, Budget]:
+        """(output budget, LSE budget) for this case on this backend."""
+        table = table_budget(self.case.dtype, self.backend.capabilities.float32_matmul)
+        low_out, low_lse = reference_of(self.problem, numpy_dtype(self.case.dtype))
+        ref_out, ref_lse = self.reference
+        # a second float32 oracle summing in another order: the ratio rule must not rest on
+        # one lucky summation order (found by explore at scores of ~-1e5)
+        reordered_out, _ = reference_of(reversed_dims(self.problem), numpy_dtype(self.case.dtype))
+        ratio_out = RATIO * max(output_error(low_out, ref_out),
+                                output_error(reordered_out[..., ::-1], ref_out))
+        ratio_lse = RATIO * lse_error(low_lse, ref_lse)  # inf where that oracle overflowed
+        ratio_lse = max(ratio_lse if math.isfinite(ratio_lse) else 0.0,
+                        self.lse_rounding(ref_lse))
+        return Budget(table, ratio_out), Budget(table, ratio_lse)
+
+    def lse_rounding(self, lse: np.ndarray) -> float:
+        """What float32 rounding of the scores alone may move the LSE (``lse_rounding``)."""
+        problem = self.problem
+        heads = np.arange(problem.num_qo_heads) // problem.group_size
+        keys = []
+        for b in range(problem.batch):
+            kept = problem.kept(b)
+            pages = problem.block_table[b, kept // problem.page_size]
+            keys.append(problem.k_pages[pages, kept % problem.page_size]
+                        .astype(np.float64)[:, heads])
+        return lse_rounding(score_rounding(problem.q.astype(np.float64), keys,
+                                           problem.sm_scale), lse)
+
+    @property
+    def empty_lse(self) -> float:
+        return self.backend.conventions.empty_lse_natural
+
+    @property
+    def has(self) -> frozenset[str]:
+        return self.backend.capabilities.features
+
+    def decode(self, problem: Problem, poison: float = POISONS[0],
+               num_splits: int | None = None, meanwhile: Callable[[], object] | None = None
+               ) -> Run:
+        """One poisoned decode call; ``meanwhile`` runs here while the backend works."""
+        out, lse = poisoned_outputs(problem, poison)
+        try:
+            result = self.backend.submit_decode(
+                problem, out, lse, num_splits if num_splits else self.case.num_splits)
+        except Exception as exc:  # a backend fault is a result, not a crash of the run
+            return Run(exception=describe_exception(exc))
+        if meanwhile is not None:
+            meanwhile()
+        try:
+            out, lse, mutated = result()
+        except Exception as exc:
+            return Run(exception=describe_exception(exc))
+        return Run(out=out, lse=lse, mutated=mutated)
+
+    @cached_property
+    def first_run(self) -> Run:
+        # the backend gets its own copy of the problem; the oracle works on this one meanwhile
+        return self.decode(self.problem, POISONS[0], meanwhile=lambda: self.budget)
+
+    @cached_property
+    def second_run(self) -> Run:
+        return self.decode(self.problem, POISONS[1])
+
+    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        """The backend's merge; a result outside the contract raises ``ContractError``."""
+        return self.backend.merge(a, b)
+
+    def empty_state(self) -> AttentionState:
+        shape = self.problem.q.shape
+        return AttentionState(out=np.zeros(shape, dtype=self.problem.dtype),
+                              lse=np.full(shape[:2], self.empty_lse, dtype=np.float32))
+
+    def compare(self, check: str, got: AttentionState, want_out: np.ndarray,
+                want_lse: np.ndarray | None, scale: float = 1.0, what: str = "") -> Outcome:
+        """Outcome of comparing a state with a wanted one, output and (if any) LSE."""
+        out_budget, lse_budget = (b.scaled(scale) for b in self.budget)
+        out_err = output_error(got.out, want_out)
+        worst = (out_err, out_budget, "output")
+        if want_lse is not None and "lse" in self.has:
+            lse_err = lse_error(got.lse, want_lse, self.empty_lse)
+            if lse_err / lse_budget.value > out_err / out_budget.value:
+                worst = (lse_err, lse_budget, "lse")
+        error, budget, name = worst
+        passed = error <= budget.value
+        message = ""
+        if not passed and name == "lse":
+            message = lse_message(got.lse, want_lse, error, budget, self.empty_lse)
+            message += f" ({what})" if what else ""
+        elif not passed:
+            message = (f"output error {error:.3g} > budget {budget.value:.3g}"
+                       f"{' (' + what + ')' if what else ''}{locate(got.out, want_out)}")
+        return Outcome(check, Status.PASSED if passed else Status.FAILED, error, budget, message)
+
+
+def reversed_dims(problem: Problem) -> Problem:
+    """The same problem with head_dim reversed in q, K and V: the same answer (its output
+    reversed), summed in another order."""
+    return replace(problem, q=problem.q[..., ::-1], k_pages=problem.k_pages[..., ::-1],
+                   v_pages=problem.v_pages[..., ::-1])
+
+
+def reference_of(problem: Problem, precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    return decode_reference(problem.q, problem.k_pages, problem.v_pages, problem.block_table,
+                            problem.context_lens, sm_scale=problem.sm_scale,
+                            window=problem.window, sinks=problem.sinks, precision=precision)
+
+
+def locate(got: np.ndarray, want: np.ndarray) -> str:
+    """Where the worst output element is, as ' at [batch, head]: got X, want Y'."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape or got.size == 0:
+        return ""
+    diff = np.where(np.isfinite(got), np.abs(got - want), np.inf)
+    b, h, d = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return f" at [batch {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
+
+
+def fault_outcome(check: str, exc: Exception) -> Outcome:
+    """A sub-check that raised: ``failed`` when the backend broke the contract, else ``error``."""
+    status = Status.FAILED if isinstance(exc, ContractError) else Status.ERROR
+    return Outcome(check, status, message=describe_exception(exc))
+
+
+def errored(check: str, run: Run) -> Outcome | None:
+    return Outcome(check, Status.ERROR, message=run.exception) if run.exception else None
+
+
+def unsupported(check: str, reason: str) -> Outcome:
+    return Outcome(check, Status.UNSUPPORTED, message=reason)
+
+
+# Offsets from a case's seed for the layouts the checks make, so no two draw the same pages.
+SEEDS = {"wide-table": 1, "reshuffle": 2, "batch-order": 3, "neighbours": 4,
+         "neighbour-layout": 5, "gqa-as-mha": 6, "page-size": 7, "segment": 10}
+
+
+def seed(case: Case, use: str) -> int:
+    return case.seed + SEEDS[use]
+
+
+def run_each(checks: list[tuple[str, Callable[[], Outcome]]]) -> list[Outcome]:
+    """Run sub-checks; one that raises is an ``error`` outcome and the others still run."""
+    outcomes = []
+    for check, run_check in checks:
+        try:
+            outcomes.append(run_check())
+        except Exception as exc:  # a backend fault is a result
+            outcomes.append(fault_outcome(check, exc))
+    return outcomes
+
+
+def lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget,
+                 empty: float) -> str:
+    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    want_empty = np.isneginf(want64) | (np.isclose(want64, empty, rtol=1e-6, atol=0.0)
+                                        if math.isfinite(empty) else False)
+    bad = np.isnan(got64) | (want_empty & ~np.isclose(got64, empty, rtol=1e-6)
+                             & ~(np.isneginf(got64) & math.isinf(empty)))
+    if not bad.any():
+        with np.errstate(invalid="ignore"):
+            diff = np.where(want_empty, 0.0, np.nan_to_num(np.abs(got64 - want64), nan=np.inf))
+        bad = diff == diff.max()
+    b, h = (int(i) for i in np.argwhere(bad)[0])
+    return (f"lse error {error:.3g} > budget {budget.value:.3g} at [batch {b}, head {h}]: got "
+            f"{got64[b, h]:.8g}, want {want64[b, h]:.8g}")

@@ -1,0 +1,21 @@
+"""The one status vocabulary every result, manifest, report and plugin speaks."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """What happened to one sub-check of one case on one backend (a ``str``: JSON as is)."""
+
+    PASSED = "passed"
+    FAILED = "failed"  # the backend ran and was wrong
+    ERROR = "error"  # the backend raised, died, hung or could not be reached
+    UNSUPPORTED = "unsupported"  # outside what the backend claims, with the reason
+    KNOWN_FAILURE = "known-failure"  # failed or erred, and listed in the manifest
+    UNEXPECTED_PASS = "unexpected-pass"  # listed in the manifest, and passed
+
+
+# What fails a run, and what counts as "did not pass" before a manifest is applied.
+FAILING = frozenset({Status.FAILED, Status.ERROR, Status.UNEXPECTED_PASS})
+BROKEN = frozenset({Status.FAILED, Status.ERROR})

@@ -1,1 +1,0 @@
-pytest_plugins = ["conformance.pytest_plugin"]
