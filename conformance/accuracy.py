@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from conformance import machine
 from conformance.inputs import InputError, read_json, write_atomically
 from conformance.runner import Result, RunReport
 from conformance.status import Status
@@ -27,19 +28,24 @@ def accuracy_dict(report: RunReport) -> dict:
                 Status.PASSED, Status.KNOWN_FAILURE):
             errors.setdefault(result.backend, {}).setdefault(result.case, {})[result.check] = \
                 result.error
-    return {"schema": SCHEMA, "profile": report.settings.profile, "errors": errors}
+    return {"schema": SCHEMA, "profile": report.settings.profile, "machine": machine.describe(),
+            "errors": errors}
 
 
 def save_accuracy(report: RunReport, path: Path) -> None:
     write_atomically(path, json.dumps(accuracy_dict(report), indent=1, sort_keys=True) + "\n")
 
 
-def load_accuracy(path: Path) -> dict:
+def load_accuracy(path: Path, warn=print) -> dict:
     data = read_json(path, "accuracy baseline")
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA or not isinstance(data.get("errors"), dict):
         raise InputError(f"accuracy baseline {str(path)!r}: not an accuracy baseline (schema "
                          f"{schema!r}, want {SCHEMA!r})")
+    changed = machine.differences(data.get("machine", {}), machine.describe())
+    if changed:
+        warn(f"warning: the accuracy baseline {path} was saved elsewhere; drift may reflect "
+             f"the change: {'; '.join(changed)}")
     return data["errors"]
 
 

@@ -124,6 +124,16 @@ def _parser() -> argparse.ArgumentParser:
                          help="write a Markdown summary (for a CI job page) here")
     running.add_argument("--allow-empty", action="store_true",
                          help="do not fail when a backend claims no check of the run")
+    running.add_argument("--shard", metavar="K/N",
+                         help="run share K of N of the cases (balanced by cost); join the "
+                              "shards' JSON reports with `merge`")
+
+    merging = command("merge", _cmd_merge, "join the JSON reports of `run --shard K/N` into "
+                      "the report one run would have written")
+    merging.add_argument("shards", nargs="+", type=Path, help="the shards' --report-json files")
+    merging.add_argument("--report-json", type=Path, help="write the merged JSON report here")
+    merging.add_argument("--junit-xml", type=Path, help="write a JUnit XML report here")
+    merging.add_argument("--summary-md", type=Path, help="write a Markdown summary here")
 
     benching = command("bench", bench_command, "time backends' kernel calls on named shapes",
                        "worker")
@@ -269,8 +279,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not cases:
         print("error: no case matches the selection", file=sys.stderr)
         return 2
+    if args.shard:
+        from conformance.shards import parse_shard, shard_cases
+
+        settings.shard = parse_shard(args.shard)
+        cases = shard_cases(cases, settings.shard)
     check_sizes(cases, args.max_case_mib)
-    baseline = load_accuracy(args.compare_accuracy) if args.compare_accuracy else None
+    baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
+                if args.compare_accuracy else None)
     if args.backend:
         backends = open_backends(args.backend, args.expectations)
         unavailable = [b for b in backends if b.reason]
@@ -298,14 +314,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for backend in backends:
         for note in backend.notes:
             print(f"{backend.label}: {note}")
-    for path, writer in ((args.report_json, write_json), (args.junit_xml, write_junit),
-                         (args.summary_md, write_markdown), (args.save_accuracy, save_accuracy)):
-        if path:
-            writer(report, path)
-            print(f"wrote {path}")
+    _write_reports(report, args)
     sys.stdout.flush()
     if report.interrupted:
         return 130
+    return 0 if report.ok else 1
+
+
+def _write_reports(report, args: argparse.Namespace) -> None:
+    for path, writer in ((args.report_json, write_json), (args.junit_xml, write_junit),
+                         (args.summary_md, write_markdown),
+                         (getattr(args, "save_accuracy", None), save_accuracy)):
+        if path:
+            writer(report, path)
+            print(f"wrote {path}")
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from conformance.shards import merge_reports
+
+    for option in ("report_json", "junit_xml", "summary_md"):
+        if getattr(args, option) is not None:
+            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    report = merge_reports(args.shards)
+    write_terminal(report, sys.stdout)
+    _write_reports(report, args)
     return 0 if report.ok else 1
 
 

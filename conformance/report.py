@@ -5,14 +5,12 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import platform
 import re
 import sys
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
-
+from conformance import machine
 from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import write_atomically
 from conformance.runner import RunReport, results_by_family
@@ -115,9 +113,13 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "command": argv if argv is not None else sys.argv,
         "profile": report.settings.profile,
         "cases": len(report.cases),
+        "families": list(report.settings.families),
+        "selected": report.settings.filtered,
+        "shard": "{}/{}".format(*report.settings.shard) if report.settings.shard else None,
+        "expectations_dir": str(report.settings.manifest_dir or ""),
+        "strict_manifest": report.strict_manifest,
         "spec": report.settings.spec_path or "built-in",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "numpy": np.__version__},
+        "machine": machine.describe(),
         "backends": [{**b.describe(), "device": report.devices.get(b.label, "")}
                      for b in report.backends],
         "summary": summary,

@@ -146,6 +146,7 @@ class RunSettings:
     isolated: bool = True  # backends in worker processes; False only to debug in-process
     case_timeout: float = DEFAULT_CASE_TIMEOUT  # seconds per (backend, case); 0: none
     allow_empty: bool = False  # a backend claiming no case of the run is not a failure
+    shard: tuple[int, int] | None = None  # (K, N): this run is share K of N (conformance.shards)
 
     def spec(self) -> Spec:
         return load_spec(self.spec_path) if self.spec_path else default_spec()
@@ -234,8 +235,8 @@ class RunReport:
 
     def unclaimed(self) -> list[str]:
         """Why each backend that claims no check of this run fails it (unless allowed)."""
-        if self.settings.allow_empty or self.interrupted:
-            return []
+        if self.settings.allow_empty or self.settings.shard or self.interrupted:
+            return []  # a shard may hold none of a backend's cases; the merged report judges
         problems = []
         for backend in self.backends:
             statuses = {r.status for r in self.results if r.backend == backend.label}
@@ -251,7 +252,7 @@ class RunReport:
 
     def stale_expectations(self) -> list[tuple[BackendRun, object]]:
         """Manifest entries that matched nothing (meaningful only in a whole run)."""
-        if self.settings.filtered or self.interrupted:
+        if self.settings.filtered or self.settings.shard or self.interrupted:
             return []
         return [(b, e) for b in self.backends for e in b.manifest.stale(
             [(r.case, r.check) for r in self.results if r.backend == b.label])]

@@ -125,3 +125,20 @@ def test_compare_gates_an_upgrade_on_what_newly_fails(tmp_path):
     back = cli("compare", str(new), str(old))
     assert back.returncode == 0 and "newly failing: 0" in back.stdout
     assert f"newly passing: {len(newly)}" in back.stdout
+
+
+def test_a_baseline_from_another_machine_or_library_version_warns(numpy_baseline, tmp_path):
+    data = json.loads(numpy_baseline.read_text())
+    assert data["machine"]["libraries"]["numpy"]  # recorded with the baseline
+    data["machine"]["libraries"]["numpy"] = "0.0.1"
+    data["machine"]["python"] = "2.7.18"
+    moved = tmp_path / "elsewhere.json"
+    moved.write_text(json.dumps(data))
+    result = cli("run", "--backend", "numpy", "--profile", "ci", "-k", "f16/ctx", "--check",
+                 "oracle", "--compare-accuracy", str(moved))
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "warning: the accuracy baseline" in result.stderr
+    assert "numpy: 0.0.1 then" in result.stderr and "python: '2.7.18' then" in result.stderr
+    same = cli("run", "--backend", "numpy", "--profile", "ci", "-k", "f16/ctx", "--check",
+               "oracle", "--compare-accuracy", str(numpy_baseline))
+    assert "warning" not in same.stderr
