@@ -13,14 +13,18 @@ import io
 import re
 from pathlib import Path
 
+from conformance.dtypes import SHORT_NAMES
 from conformance.status import FAILING
 
 _CTX = re.compile(r"ctx\[([\d,]+)\]|ctx(\d+)x\[(\d+)\.\.(\d+)\]|ctx(\d+)x\[(\d+)\]")
 DTYPE_COLOURS = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
 
 
-def longest_context(case_id: str) -> int:
-    match = _CTX.search(case_id)
+def longest_context(row: dict) -> int:
+    """The row's longest context (reports before 2026-11-30 hold it only in the case id)."""
+    if row.get("context") is not None and "dtype" in row:
+        return int(row["context"])
+    match = _CTX.search(row["case"])
     if not match:
         return 0
     if match.group(1):
@@ -28,8 +32,11 @@ def longest_context(case_id: str) -> int:
     return int(match.group(4) or match.group(6) or 0)
 
 
-def case_dtype(case_id: str) -> str:
-    shape = case_id.split("/ctx")[0].rsplit("/", 1)[-1]
+def case_dtype(row: dict) -> str:
+    """The short dtype name of the row's case (older reports: parsed from the id)."""
+    if row.get("dtype"):
+        return SHORT_NAMES[row["dtype"]]
+    shape = row["case"].split("/ctx")[0].rsplit("/", 1)[-1]
     return shape.rsplit("-", 1)[-1]
 
 
@@ -55,9 +62,9 @@ def error_figure(report: dict) -> str | None:
                                 squeeze=False)
     for axis, backend in zip(axes[0], backends, strict=True):
         for dtype, colour in DTYPE_COLOURS.items():
-            mine = [r for r in rows if r["backend"] == backend and case_dtype(r["case"]) == dtype]
+            mine = [r for r in rows if r["backend"] == backend and case_dtype(r) == dtype]
             if mine:
-                axis.scatter([max(1, longest_context(r["case"])) for r in mine],
+                axis.scatter([max(1, longest_context(r)) for r in mine],
                              [max(r["error"], 1e-12) for r in mine], s=12, c=colour,
                              label=dtype, alpha=0.7)
                 budgets = {r["budget_table"] for r in mine if r.get("budget_table")}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,9 +152,8 @@ class LogicalKV:
 
     def select(self, rows: list[int]) -> LogicalKV:
         """The same sequences in another order or subset."""
-        return LogicalKV(q=self.q[rows], keys=tuple(self.keys[r] for r in rows),
-                         values=tuple(self.values[r] for r in rows), sm_scale=self.sm_scale,
-                         window=self.window, sinks=self.sinks)
+        return replace(self, q=self.q[rows], keys=tuple(self.keys[r] for r in rows),
+                       values=tuple(self.values[r] for r in rows))
 
 
 def logical_kv(case: Case) -> LogicalKV:

@@ -30,21 +30,26 @@ def _cell(counts: dict[str, int]) -> str:
     return " ".join(parts)
 
 
-def matrix_lines(report: RunReport) -> list[str]:
-    """The backend x check-family matrix as aligned text lines."""
+def matrix(report: RunReport) -> list[list[str]]:
+    """The backend x check-family matrix as data: a header row, then a row per backend."""
     cells: dict[str, dict[str, str]] = {}
     for backend, family, counts in results_by_family(report.results):
         cells.setdefault(backend, {})[family] = _cell(counts)
     families = [f for f in CHECK_FAMILIES if f in report.settings.families]
     families += sorted({r.family for r in report.results} - set(families))  # drift
-    header = ["backend", *families, "verdict"]
-    rows = [header]
+    rows = [["backend", *families, "verdict"]]
     for backend in report.backends:
         row_cells = cells.get(backend.label, {})
         bad = any(r.status in FAILING for r in report.results if r.backend == backend.label)
         verdict = "FAIL" if bad else ("INTERRUPTED" if report.interrupted else "ok")
         rows.append([backend.label, *(row_cells.get(f, "-") for f in families), verdict])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return rows
+
+
+def matrix_lines(report: RunReport) -> list[str]:
+    """The matrix as aligned text lines, for the terminal."""
+    rows = matrix(report)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]
 
@@ -189,7 +194,7 @@ def accuracy_rows(report: RunReport) -> list[tuple[str, str, str, float, float, 
     worst: dict[tuple[str, str, str], tuple[float, float, str]] = {}
     for r in report.results:
         if r.check.startswith("oracle/") and r.error is not None and r.budget:
-            dtype = r.case.split("/")[-2].rsplit("-", 1)[-1]
+            dtype = r.dtype
             key = (r.backend, dtype, r.check)
             if key not in worst or r.error / r.budget > worst[key][0] / worst[key][1]:
                 worst[key] = (r.error, r.budget, r.case)
@@ -209,10 +214,9 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
     if report.interrupted:
         lines += [f"Interrupted ({md(report.interrupted)}): the results below are partial.", ""]
     lines += [f"- {md(problem)}" for problem in report.unclaimed()]
-    matrix = [line.split("  ") for line in matrix_lines(report)]
-    matrix = [[md(cell.strip()) for cell in row if cell.strip()] for row in matrix]
-    lines += ["| " + " | ".join(matrix[0]) + " |", "|" + " --- |" * len(matrix[0])]
-    lines += ["| " + " | ".join(row) + " |" for row in matrix[1:]]
+    table = [[md(cell) for cell in row] for row in matrix(report)]
+    lines += ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     lines += ["", LEGEND, ""]
     failures = report.failures
     if failures:

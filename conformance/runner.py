@@ -43,6 +43,8 @@ class Result:
     budget_ratio: float | None = None
     message: str = ""
     reproducer: str = ""
+    dtype: str = ""  # the case's, so that reports never parse ids
+    context: int = 0  # the case's longest context
 
     @property
     def family(self) -> str:
@@ -205,7 +207,8 @@ def results_of(backend: BackendRun, case: Case, outcomes: list[Outcome],
             error=outcome.error, budget=budget.value if budget else None,
             budget_table=budget.table if budget else None,
             budget_ratio=budget.ratio if budget else None, message=message,
-            reproducer=settings.reproducer(backend.target, case.id, outcome.family)))
+            reproducer=settings.reproducer(backend.target, case.id, outcome.family),
+            dtype=case.dtype, context=max(case.context_lens)))
     return results
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from conformance.checks.trial import (
     seed,
     unsupported,
 )
-from conformance.problem import LogicalKV, Problem
+from conformance.problem import Problem
 from conformance.spec import with_changes
 from conformance.status import Status
 
@@ -89,8 +90,7 @@ def _neighbours(trial: Trial) -> Outcome:
         q.append(logical.q[b])
         keys.append(logical.keys[b])
         values.append(logical.values[b])
-    mixed = LogicalKV(q=np.stack(q), keys=tuple(keys), values=tuple(values),
-                      sm_scale=logical.sm_scale, window=logical.window, sinks=logical.sinks)
+    mixed = replace(logical, q=np.stack(q), keys=tuple(keys), values=tuple(values))
     problem = mixed.lay_out(case.page_size, seed(case, "neighbour-layout"),
                              case.table_padding)
     return _same_answer(trial, "invariance/neighbours", problem, keep=keep)
@@ -102,9 +102,8 @@ def _as_mha(trial: Trial) -> Outcome:
     reason = trial.backend.unsupported_reason(with_changes(case, num_kv_heads=case.num_qo_heads))
     if reason:
         return unsupported("invariance/gqa-as-mha", reason)
-    mha = LogicalKV(q=logical.q, keys=tuple(np.repeat(k, g, axis=1) for k in logical.keys),
-                    values=tuple(np.repeat(v, g, axis=1) for v in logical.values),
-                    sm_scale=logical.sm_scale, window=logical.window, sinks=logical.sinks)
+    mha = replace(logical, keys=tuple(np.repeat(k, g, axis=1) for k in logical.keys),
+                  values=tuple(np.repeat(v, g, axis=1) for v in logical.values))
     return _same_answer(trial, "invariance/gqa-as-mha",
                         mha.lay_out(case.page_size, seed(case, "gqa-as-mha"), case.table_padding))
 

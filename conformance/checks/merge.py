@@ -18,7 +18,7 @@ from conformance.checks.trial import (
     seed,
     unsupported,
 )
-from conformance.problem import LogicalKV, Problem
+from conformance.problem import Problem
 from conformance.status import Status
 from conformance.tolerances import lse_error
 from references import merge_reference
@@ -47,7 +47,8 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
         rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
         keys = tuple(k[r] for k, r in zip(logical.keys, rows, strict=True))
         values = tuple(v[r] for v, r in zip(logical.values, rows, strict=True))
-        part = LogicalKV(q=logical.q, keys=keys, values=values, sm_scale=logical.sm_scale)
+        # a segment holds kept tokens only: no window or sinks left to apply
+        part = replace(logical, keys=keys, values=values, window=None, sinks=0)
         return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
 
     states, laid = [], [segment(0)]

@@ -162,26 +162,27 @@ class Trial:
         return AttentionState(out=np.zeros(shape, dtype=self.problem.dtype),
                               lse=np.full(shape[:2], self.empty_lse, dtype=np.float32))
 
-    def compare(self, check: str, got: AttentionState, want_out: np.ndarray,
+    def compare(self, check: str, got: AttentionState, want_out: np.ndarray | None,
                 want_lse: np.ndarray | None, scale: float = 1.0, what: str = "") -> Outcome:
-        """Outcome of comparing a state with a wanted one, output and (if any) LSE."""
+        """Outcome of comparing a state with a wanted one: its output and (if wanted and the
+        backend writes one) its LSE, judged by whichever is further past its budget."""
         out_budget, lse_budget = (b.scaled(scale) for b in self.budget)
-        out_err = output_error(got.out, want_out)
-        worst = (out_err, out_budget, "output")
+        parts = []  # (error / budget, error, budget, message if it fails)
+        suffix = f" ({what})" if what else ""
+        if want_out is not None:
+            error = output_error(got.out, want_out)
+            parts.append((error / out_budget.value, error, out_budget, lambda e=error:
+                          f"output error {e:.3g} > budget {out_budget.value:.3g}{suffix}"
+                          f"{locate(got.out, want_out)}"))
         if want_lse is not None and "lse" in self.has:
-            lse_err = lse_error(got.lse, want_lse, self.empty_lse)
-            if lse_err / lse_budget.value > out_err / out_budget.value:
-                worst = (lse_err, lse_budget, "lse")
-        error, budget, name = worst
+            error = lse_error(got.lse, want_lse, self.empty_lse)
+            parts.append((error / lse_budget.value, error, lse_budget, lambda e=error:
+                          lse_message(got.lse, want_lse, e, lse_budget, self.empty_lse)
+                          + suffix))
+        _, error, budget, message = max(parts, key=lambda part: part[0])
         passed = error <= budget.value
-        message = ""
-        if not passed and name == "lse":
-            message = lse_message(got.lse, want_lse, error, budget, self.empty_lse)
-            message += f" ({what})" if what else ""
-        elif not passed:
-            message = (f"output error {error:.3g} > budget {budget.value:.3g}"
-                       f"{' (' + what + ')' if what else ''}{locate(got.out, want_out)}")
-        return Outcome(check, Status.PASSED if passed else Status.FAILED, error, budget, message)
+        return Outcome(check, Status.PASSED if passed else Status.FAILED, error, budget,
+                       "" if passed else message())
 
 
 def reversed_dims(problem: Problem) -> Problem:
