@@ -20,7 +20,7 @@ from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import check_directory, check_output, read_json
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.manifest import ManifestError
-from conformance.report import write_json, write_junit, write_markdown, write_terminal
+from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
     DEFAULT_CASE_TIMEOUT,
     RunSettings,
@@ -230,30 +230,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for case in select_cases(settings.spec(), args.profile, args.patterns):
         print(case.id)
     return 0
-
-
-class Progress:
-    """A one-line progress bar on a terminal, a line every 10% elsewhere."""
-
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.start = time.monotonic()
-        self.last_decile = -1
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        elapsed = time.monotonic() - self.start
-        if self.tty:
-            width = 30
-            filled = width * done // max(total, 1)
-            text = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s "
-            self.stream.write(text + label[:60].ljust(60))
-            if done == total:
-                self.stream.write("\n")
-        elif done * 10 // max(total, 1) > self.last_decile:
-            self.last_decile = done * 10 // max(total, 1)
-            self.stream.write(f"{done}/{total} cases, {elapsed:.1f}s\n")
-        self.stream.flush()
 
 
 def _settings(args: argparse.Namespace, **more) -> RunSettings:

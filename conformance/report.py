@@ -7,6 +7,7 @@ import json
 import math
 import re
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -237,3 +238,27 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
         lines += [f"| {md(b)} | {d} | {c} | {e:.3g} | {g:.3g} | {md(case)} |"
                   for b, d, c, e, g, case in rows]
     write_atomically(path, "\n".join(lines) + "\n")
+
+
+class Progress:
+    """A one-line progress bar on a terminal, a line every 10% elsewhere."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+        self.last_decile = -1
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            width = 30
+            filled = width * done // max(total, 1)
+            text = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s "
+            self.stream.write(text + label[:60].ljust(60))
+            if done == total:
+                self.stream.write("\n")
+        elif done * 10 // max(total, 1) > self.last_decile:
+            self.last_decile = done * 10 // max(total, 1)
+            self.stream.write(f"{done}/{total} cases, {elapsed:.1f}s\n")
+        self.stream.flush()
