@@ -7,6 +7,9 @@
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
+#   bash benchmarks/gpu_session.sh upgrade             # the FlashInfer upgrade gate: PROFILE on
+#        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
+#        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
@@ -67,6 +70,21 @@ case "${1:-conformance}" in
     done
     timeout "${BENCH_TIMEOUT:-400}" python3 -m conformance bench --shapes gpu \
       --rounds "${ROUNDS:-5}" "${backends[@]}" --report-json "$OUT/bench-gpu.json"
+    ;;
+  upgrade)
+    # two FlashInfer releases, one profile, one comparison: what the upgrade changes
+    for release in old new; do
+      folder=.flashinfer; [[ $release == old ]] && folder=.flashinfer-old
+      rm -rf "/tmp/flashinfer-$release"
+      python3 -m pip install -q --no-index --no-deps --target "/tmp/flashinfer-$release" "$folder"/*.whl
+      python3 -c "import zipfile; zipfile.ZipFile('$folder/flashinfer.zip').extractall('/tmp/flashinfer-$release')"
+      PYTHONPATH="/tmp/flashinfer-$release:$PWD" timeout "${RUN_TIMEOUT:-240}" python3 -m conformance run \
+        --profile "${PROFILE:-ci}" -j "${JOBS:-12}" --backend flashinfer --backend flashinfer-tc \
+        --report-json "$OUT/flashinfer-$release.json" > "$OUT/flashinfer-$release.log" 2>&1
+      echo "$release rc=$?"
+    done
+    python3 -m conformance compare "$OUT/flashinfer-old.json" "$OUT/flashinfer-new.json" | tee "$OUT/upgrade.txt"
+    gzip -f "$OUT"/flashinfer-*.json
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
