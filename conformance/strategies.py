@@ -61,7 +61,11 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
         window = draw(st.integers(1, 3 * page_size + 5))
         if "sinks" in features and draw(st.booleans()):
             sinks = draw(st.integers(1, window + page_size))
-    distribution = draw(st.sampled_from(tuple(DISTRIBUTIONS)))
+    # "very-negative" only in float32: with float16/bfloat16 inputs of magnitude ~500 the
+    # float32 rounding of every term moves the output more than the ratio rule's estimate
+    # (found by explore on the correct NumPy backend); the spec's own cases cover it there
+    distribution = draw(st.sampled_from(tuple(
+        d for d in DISTRIBUTIONS if dtype == "float32" or d != "very-negative")))
     # "large" and "very-negative" set the scores' size themselves (q and k are scaled up to
     # reach it); a custom sm_scale on top only inflates q and k past what float32 holds
     # (terms of ~1e7 summing to -1e5), a case no kernel or budget can be fair on

@@ -100,3 +100,28 @@ def lse_rounding(score_error: np.ndarray, lse: np.ndarray) -> float:
     if not live.any():
         return 0.0
     return float((score_error[live] / np.maximum(1.0, np.abs(lse[live]))).max())
+
+
+def output_rounding(q: np.ndarray, keys_per_row: list[np.ndarray],
+                    values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray,
+                    dtype: type) -> float:
+    """The output floor, in the measure of ``output_error``: what holding each score in
+    float32 alone (one spacing at its size, however exact the sum) may move the output, to
+    first order: ``sum_j w_j spacing(s_j) max_d |v_jd - out_d|``. Negligible for ordinary
+    scores; where scores are ~1e5 apart from one another by O(1) (``very-negative``) it is the
+    accuracy no float32 kernel can beat (the ratio rule's float32 oracle can be lucky there:
+    found by ``explore``)."""
+    worst = 0.0
+    for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
+        if keys.shape[0] == 0:
+            continue
+        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        spacing = np.spacing(np.abs(scores).astype(np.float32)).astype(np.float64)
+        spread = np.abs(values - out[b][None]).max(axis=2).T  # (heads, n)
+        worst = max(worst, float((weights * spacing * spread).sum(axis=1).max()))
+    scale = float(np.abs(out).max(initial=0.0)) or 1.0
+    # and the output itself is stored in the case's dtype: half a spacing at its size
+    stored = float((np.spacing(np.abs(out).astype(dtype)).astype(np.float64) / 2).max(initial=0))
+    return (worst + stored) / scale

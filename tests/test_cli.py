@@ -197,9 +197,9 @@ def test_summary_tabulates_saved_reports_with_their_findings(tmp_path):
 def test_gpu_only_backends_are_unavailable_on_a_cpu_with_their_reason():
     result = cli("backends")
     for name in ("flashinfer", "flashinfer-tc"):
-        assert f"{name}: unavailable: FlashInfer needs a CUDA GPU" in result.stdout or \
-            f"{name}: available" in result.stdout
+        line = next(line for line in result.stdout.splitlines() if line.startswith(f"{name}:"))
+        # no GPU here (or no torch at all, as in `tox -e tests`): unavailable, saying why
+        assert line.startswith(f"{name}: unavailable: ") and (
+            "needs a CUDA GPU" in line or "not importable" in line), line
     run = cli("run", "--backend", "flashinfer", "--profile", "smoke")
-    assert run.returncode in (0, 2)
-    if run.returncode == 2:
-        assert "is unavailable here: FlashInfer needs a CUDA GPU" in run.stderr
+    assert run.returncode == 2 and "is unavailable here:" in run.stderr

@@ -34,6 +34,7 @@ from conformance.tolerances import (
     lse_error,
     lse_rounding,
     output_error,
+    output_rounding,
     score_rounding,
     table_budget,
 )
@@ -98,25 +99,31 @@ class Trial:
         # a second float32 oracle summing in another order: the ratio rule must not rest on
         # one lucky summation order (found by explore at scores of ~-1e5)
         reordered_out, _ = reference_of(reversed_dims(self.problem), numpy_dtype(self.case.dtype))
+        keys, values = self.kept_kv()
         ratio_out = RATIO * max(output_error(low_out, ref_out),
                                 output_error(reordered_out[..., ::-1], ref_out))
+        ratio_out = max(ratio_out if math.isfinite(ratio_out) else 0.0,  # inf: it overflowed
+                        output_rounding(self.problem.q.astype(np.float64), keys, values,
+                                        self.problem.sm_scale, ref_out,
+                                        numpy_dtype(self.case.dtype)))
         ratio_lse = RATIO * lse_error(low_lse, ref_lse)  # inf where that oracle overflowed
         ratio_lse = max(ratio_lse if math.isfinite(ratio_lse) else 0.0,
-                        self.lse_rounding(ref_lse))
+                        lse_rounding(score_rounding(self.problem.q.astype(np.float64), keys,
+                                                    self.problem.sm_scale), ref_lse))
         return Budget(table, ratio_out), Budget(table, ratio_lse)
 
-    def lse_rounding(self, lse: np.ndarray) -> float:
-        """What float32 rounding of the scores alone may move the LSE (``lse_rounding``)."""
+    def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each."""
         problem = self.problem
         heads = np.arange(problem.num_qo_heads) // problem.group_size
-        keys = []
+        keys, values = [], []
         for b in range(problem.batch):
             kept = problem.kept(b)
-            pages = problem.block_table[b, kept // problem.page_size]
-            keys.append(problem.k_pages[pages, kept % problem.page_size]
-                        .astype(np.float64)[:, heads])
-        return lse_rounding(score_rounding(problem.q.astype(np.float64), keys,
-                                           problem.sm_scale), lse)
+            pages, slots = problem.block_table[b, kept // problem.page_size], \
+                kept % problem.page_size
+            keys.append(problem.k_pages[pages, slots].astype(np.float64)[:, heads])
+            values.append(problem.v_pages[pages, slots].astype(np.float64)[:, heads])
+        return keys, values
 
     @property
     def empty_lse(self) -> float:
