@@ -14,11 +14,15 @@ a fault the rest of that case fails fast and the next case gets a fresh worker.
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -316,15 +320,37 @@ class _OutputReader:
         self.thread.start()
 
     def _drain(self) -> None:
-        fd = self.stream.fileno()
-        while chunk := os.read(fd, 65536):
+        """Read what is in the pipe under the lock, so that ``take`` after a reply (the worker
+        flushes before replying) sees every byte of the case it closes."""
+        try:
+            self._read_until_closed(self.stream.fileno())
+        except (OSError, ValueError):  # the pipe was closed under us (a worker's child kept
+            pass                       # it open past the worker's death)
+
+    def _read_until_closed(self, fd: int) -> None:
+        while True:
+            select.select([fd], [], [])
             with self.lock:
+                waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+                chunk = os.read(fd, max(waiting, 1) if waiting < 1 << 20 else 1 << 20)
+                if not chunk:
+                    return  # the worker is gone
                 self.total += len(chunk)
                 self.tail = (self.tail + chunk)[-OUTPUT_TAIL:]
 
     def take(self) -> Captured | None:
-        with self.lock:
-            total, tail, self.total, self.tail = self.total, self.tail, 0, b""
+        deadline = time.monotonic() + 2.0
+        while True:  # let the thread drain what the worker wrote before its reply
+            with self.lock:
+                try:
+                    waiting = struct.unpack("i", fcntl.ioctl(
+                        self.stream.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+                except (OSError, ValueError):  # the worker is gone and its pipe closed
+                    waiting = 0
+                if not waiting or time.monotonic() > deadline:
+                    total, tail, self.total, self.tail = self.total, self.tail, 0, b""
+                    break
+            time.sleep(0.001)
         return Captured(total, tail.decode("utf-8", "replace")) if total else None
 
     def last_lines(self, count: int = 5) -> str:

@@ -8,6 +8,7 @@ of) and returns plain data; whatever the backend raises, ``SystemExit`` and
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import signal
 import sys
@@ -173,13 +174,22 @@ def serve(conn: Connection) -> None:
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the case's fault
             what = message[1] if message[0] == "call" else "loading the backend"
             reply = ("raised", f"{what} raised {describe_exception(exc)}")
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_output()
         try:
             conn.send(reply)
         except Exception as exc:  # an unpicklable result
             conn.send(("raised", f"the result could not be sent back: "
                                  f"{describe_exception(exc)}"))
+
+
+def _flush_output() -> None:
+    """Everything the call printed, Python's buffers and C's, goes out before the reply."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 def main() -> None:
