@@ -34,9 +34,13 @@ FEATURES = {
 class Capabilities:
     """What a backend claims; a case outside it is *unsupported*, never passed.
 
-    ``None`` for a set of sizes means any size. ``float32_matmul`` is ``"ieee"`` or
-    ``"tf32"`` (budgeted like tf32 for float32 cases). ``split_counts`` are the counts the
-    split-count invariance check tries; ``deterministic=False`` relaxes the same-bits check.
+    ``None`` for a set of sizes means any size. ``instances`` narrows the claim to the
+    ``(num_qo_heads, num_kv_heads, head_dim, page_size, dtype)`` combinations a backend has
+    kernels for, when it has them for only some (templates instantiated ahead of time);
+    ``None`` claims every combination the other fields allow. ``float32_matmul`` is
+    ``"ieee"`` or ``"tf32"`` (budgeted like tf32 for float32 cases). ``split_counts`` are the
+    counts the split-count invariance check tries; ``deterministic=False`` relaxes the
+    same-bits check.
     """
 
     dtypes: frozenset[str] = frozenset({"float32", "float16", "bfloat16"})
@@ -49,6 +53,7 @@ class Capabilities:
     float32_matmul: str = "ieee"
     split_counts: tuple[int, ...] = ()
     deterministic: bool = True
+    instances: frozenset[Instance] | None = None
 
     def __post_init__(self) -> None:
         # a typo here would claim nothing and pass everything as unsupported: refuse it
@@ -66,6 +71,11 @@ class Capabilities:
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {sorted(unknown)}; known: "
                              f"{', '.join(FEATURES)}")
+        if self.instances is not None and (not self.instances or not all(
+                _is_instance(i) for i in self.instances)):
+            raise ValueError("Capabilities.instances must be None (any) or tuples of "
+                             "(num_qo_heads, num_kv_heads, head_dim, page_size, dtype), got "
+                             f"{sorted(self.instances or (), key=str)[:3]!r}")
         if self.float32_matmul not in ("ieee", "tf32"):
             raise ValueError(f"Capabilities.float32_matmul must be 'ieee' or 'tf32', got "
                              f"{self.float32_matmul!r}")
@@ -85,6 +95,10 @@ class Capabilities:
         missing = case.features - self.features
         if missing:
             return f"feature {', '.join(sorted(missing))} not in capabilities"
+        if self.instances is not None and instance_of(case) not in self.instances:
+            return (f"no kernel instance for {case.num_qo_heads}/{case.num_kv_heads} heads, "
+                    f"head_dim {case.head_dim}, page_size {case.page_size}, {case.dtype} "
+                    f"({len(self.instances)} instances claimed)")
         return None
 
     def describe(self) -> dict[str, object]:
@@ -95,7 +109,22 @@ class Capabilities:
                 "max_group_size": self.max_group_size or "any",
                 "features": sorted(self.features), "devices": list(self.devices),
                 "float32_matmul": self.float32_matmul, "split_counts": list(self.split_counts),
-                "deterministic": self.deterministic}
+                "deterministic": self.deterministic,
+                "instances": "any" if self.instances is None else len(self.instances)}
+
+
+#: (num_qo_heads, num_kv_heads, head_dim, page_size, dtype): one instantiated kernel shape
+Instance = tuple[int, int, int, int, str]
+
+
+def instance_of(case: Case) -> Instance:
+    return (case.num_qo_heads, case.num_kv_heads, case.head_dim, case.page_size, case.dtype)
+
+
+def _is_instance(value: object) -> bool:
+    return (isinstance(value, tuple) and len(value) == 5 and value[4] in DTYPES
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                    for n in value[:4]))
 
 
 def _names(values: Iterable) -> str:

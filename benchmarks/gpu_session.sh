@@ -11,10 +11,17 @@
 #        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
 #        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
+#   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
+#        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
+#        python -m conformance build tvm --target cuda --explore 30 --out .aot-explore)
+# Folders too large to carry as they are can travel as .gpu-carry/NAME.tar.gz (unpacked here).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+for packed in .gpu-carry/*.tar.gz; do
+  [[ -e $packed ]] && tar -xzf "$packed"
+done
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
@@ -49,8 +56,9 @@ case "${1:-conformance}" in
       accuracy=(--save-accuracy "$OUT/accuracy-1.json")
       [[ $run -gt 1 ]] && accuracy=(--compare-accuracy "$OUT/accuracy-1.json")
       start=$(date +%s)
+      shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
-        "${backends[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
+        "${backends[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
       rc=$?
       echo "run $run rc=$rc $(( $(date +%s) - start )) s" | tee -a "$OUT/runs.txt"
@@ -85,6 +93,22 @@ case "${1:-conformance}" in
     done
     python3 -m conformance compare "$OUT/flashinfer-old.json" "$OUT/flashinfer-new.json" | tee "$OUT/upgrade.txt"
     gzip -f "$OUT"/flashinfer-*.json
+    ;;
+  explore)
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l); (( gpus > 0 )) || gpus=1
+    slot=0
+    for name in ${EXPLORE_BACKENDS:-tvm-cuda triton-splitkv triton-paged triton-contiguous}; do
+      aot=(); [[ $name == tvm-* && -d .aot-explore ]] && aot=(env CONFORMANCE_TVM_AOT="$PWD/.aot-explore")
+      CUDA_VISIBLE_DEVICES=$(( slot % gpus )) "${aot[@]}" timeout $(( ${EXPLORE_SECONDS:-480} + 90 )) \
+        python3 -m conformance explore --backend "$name" --time-budget "${EXPLORE_SECONDS:-480}" \
+        --max-examples 100000 --seed "${SEED:-0}" --report-json "$OUT/explore-$name.json" \
+        --save-spec "$OUT/explore-$name.toml" > "$OUT/explore-$name.log" 2>&1 &
+      slot=$(( slot + 1 ))
+    done
+    wait
+    for log in "$OUT"/explore-*.log; do
+      echo "== $log"; grep -E "^explored|^- |smallest case" "$log" | cut -c1-300
+    done
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"

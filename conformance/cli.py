@@ -56,6 +56,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def _parents() -> dict[str, argparse.ArgumentParser]:
     """Options several subcommands share, each written once."""
     spec = argparse.ArgumentParser(add_help=False)
@@ -189,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--out", type=Path, required=True, help="directory to write")
     building.add_argument("--no-fatbin", action="store_true",
                           help="store CUDA source only (compiled by nvcc when loaded)")
+    building.add_argument("--explore", type=_positive_int, metavar="N", default=0,
+                          help="instead of a profile: N kernel shapes drawn as explore draws "
+                               "them (GPU cost cap), each with and without a window, for "
+                               "`explore` on a machine without TVM's compiler")
+    building.add_argument("--seed", type=int, default=0, help="the draw's seed (--explore)")
 
     expectations = command("expectations", _cmd_expectations, "maintain expectation manifests",
                            "spec", "worker", "parallel")

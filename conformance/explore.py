@@ -18,7 +18,7 @@ from pathlib import Path
 
 from conformance.runner import BackendRun, Result, RunSettings, evaluate_case
 from conformance.spec import Case
-from conformance.status import FAILING
+from conformance.status import BROKEN
 
 DEFAULT_DATABASE = Path(".hypothesis") / "conformance"
 REGRESSION_PROFILE = "regressions"
@@ -26,6 +26,11 @@ REGRESSION_PROFILE = "regressions"
 
 class CheckFailedError(Exception):
     """A drawn case failed a check; subclassed per sub-check so each shrinks on its own."""
+
+
+class TimeBudgetSpent(BaseException):
+    """Ends the search when the time budget is spent: a BaseException, which Hypothesis
+    neither records as a failure nor shrinks (it lets it through, as KeyboardInterrupt)."""
 
 
 _FAILURE_TYPES: dict[str, type[CheckFailedError]] = {}
@@ -57,6 +62,7 @@ class Exploration:
     seconds: float = 0.0
     findings: dict[str, Finding] = field(default_factory=dict)
     stopped_early: bool = False
+    rounds: int = 0
 
 
 def spec_entry(name: str, case: Case, doc: str) -> str:
@@ -128,42 +134,58 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     def over_budget() -> bool:
         return time_budget is not None and time.monotonic() - started > time_budget
 
-    # once past the time budget every example passes unjudged: generation ends, and the
-    # shrinking of a failure found before stops at the smallest case failing so far
+    # past the time budget the search ends where it is: in generation, or in the shrinking
+    # of a failure found before, which then keeps the smallest case failing so far.
+    # Hypothesis stops generating at the first failure; to go on searching, each later
+    # round (seed + round) treats the checks found failing so far as passing, until a round
+    # finds nothing new or the examples or the time run out.
+    db = DirectoryBasedExampleDatabase(str(database / backend.label)) if database else None
+    strategy = cases(backend.cls.capabilities, cap)
 
-    @hyp_seed(seed)
-    @hyp_settings(max_examples=max_examples, deadline=None, derandomize=False,
-                  database=(DirectoryBasedExampleDatabase(str(database / backend.label))
-                            if database else None),
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
-                  phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                  print_blob=False)
-    @given(cases(backend.cls.capabilities, cap))
-    def judge(case: Case) -> None:
-        if over_budget():
-            state.stopped_early = True
-            return
-        state.examples += 1
-        if observe:
-            observe(case)
-        if progress:
-            progress(state, None if time_budget is None else
-                     time_budget - (time.monotonic() - started))
-        if handle.unsupported_reason(case):
-            return
-        record = evaluate_case(backend, case, settings)
-        failing = [r for r in record.results if r.status in FAILING]
-        if failing:
-            first = failing[0]
-            state.findings[first.check] = Finding(first.check, case, first)
-            raise failure_type(first.check)(f"{first.check}: {first.message}")
+    def search(round_seed: int, examples: int, known: frozenset[str]) -> None:
+        @hyp_seed(round_seed)
+        @hyp_settings(max_examples=examples, deadline=None, derandomize=False, database=db,
+                      suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
+                      phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                      print_blob=False)
+        @given(strategy)
+        def judge(case: Case) -> None:
+            if over_budget():
+                state.stopped_early = True
+                raise TimeBudgetSpent
+            state.examples += 1
+            if observe:
+                observe(case)
+            if progress:
+                progress(state, None if time_budget is None else
+                         time_budget - (time.monotonic() - started))
+            if handle.unsupported_reason(case):
+                return
+            record = evaluate_case(backend, case, settings)
+            # failed or erred: a manifest's known failures are not news, nor are its entries
+            # that a drawn case happens to pass (patterns are written for listed cases)
+            broken = [r for r in record.results if r.status in BROKEN and r.check not in known]
+            if broken:
+                first = broken[0]
+                state.findings[first.check] = Finding(first.check, case, first)
+                raise failure_type(first.check)(f"{first.check}: {first.message}")
+
+        try:
+            judge()
+        except (CheckFailedError, BaseExceptionGroup, Flaky):
+            # each finding's smallest case was recorded as Hypothesis replayed it last
+            pass
 
     try:
-        judge()
-    except (CheckFailedError, BaseExceptionGroup, Flaky):
-        # each finding's smallest case was recorded as Hypothesis replayed it last (or, past
-        # the time budget, as the smallest that failed before the budget ran out)
-        pass
+        for round_number in range(max_examples):
+            before = len(state.findings)
+            search(seed + round_number, max_examples - state.examples,
+                   frozenset(state.findings))
+            state.rounds += 1
+            if len(state.findings) == before or state.examples >= max_examples:
+                break
+    except TimeBudgetSpent:
+        pass  # the smallest case of each finding so far stands
     finally:
         state.seconds = time.monotonic() - started
     return state
@@ -210,7 +232,8 @@ def explore_command(args: argparse.Namespace) -> int:
     finally:
         backend.disconnect()
     print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
-          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}; "
+          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}, "
+          f"{state.rounds} round(s); "
           f"{len(state.findings)} failing check(s)")
     entries, rows = [], []
     for number, finding in enumerate(state.findings.values(), start=1):
@@ -235,5 +258,6 @@ def explore_command(args: argparse.Namespace) -> int:
         write_atomically(args.report_json, json.dumps(
             {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
              "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
-             "stopped_early": state.stopped_early, "findings": rows}, indent=1) + "\n")
+             "stopped_early": state.stopped_early, "rounds": state.rounds,
+             "findings": rows}, indent=1) + "\n")
     return 1 if state.findings else 0

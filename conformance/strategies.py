@@ -14,7 +14,7 @@ import math
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from backends.base import Capabilities
+from backends.base import Capabilities, Instance
 from conformance.dtypes import DTYPES
 from conformance.spec import DISTRIBUTIONS, Case
 
@@ -33,6 +33,24 @@ def _sizes(claimed: frozenset[int] | None, default: st.SearchStrategy[int]
     return default if claimed is None else st.sampled_from(sorted(claimed))
 
 
+def _instances(capabilities: Capabilities) -> st.SearchStrategy[Instance]:
+    """The claimed kernel instances the other fields allow, smallest (fewest heads) first
+    so that a failure shrinks towards the smallest instance that still fails."""
+    allowed = [i for i in capabilities.instances or ()
+               if capabilities.unsupported_reason(_bare_case(i)) is None]
+    if not allowed:
+        raise ValueError("no claimed instance is inside the other capabilities")
+    order = list(DTYPES)
+    return st.sampled_from(sorted(allowed, key=lambda i: (i[0] * i[2], i[:4],
+                                                          order.index(i[4]))))
+
+
+def _bare_case(instance: Instance) -> Case:
+    qo, kv, head_dim, page_size, dtype = instance
+    return Case(family="explore", num_qo_heads=qo, num_kv_heads=kv, head_dim=head_dim,
+                page_size=page_size, dtype=dtype, context_lens=(1,), distribution="normal")
+
+
 def _context_length(page_size: int) -> st.SearchStrategy[int]:
     edges = st.builds(lambda pages, delta: max(0, pages * page_size + delta),
                       st.integers(1, 8), st.sampled_from((-1, 0, 1)))
@@ -44,15 +62,20 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
           features: frozenset[str] | None = None) -> Case:
     """A case the capabilities claim, no costlier than ``cost_cap``."""
     features = capabilities.features if features is None else features
-    dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
-                                        key=list(DTYPES).index)))
-    num_kv_heads = draw(st.integers(1, MAX_KV_HEADS))
-    if capabilities.group_sizes is not None:
-        group = draw(st.sampled_from(sorted(capabilities.group_sizes)))
+    if capabilities.instances is not None:
+        num_qo_heads, num_kv_heads, head_dim, page_size, dtype = draw(_instances(capabilities))
+        group = num_qo_heads // num_kv_heads
     else:
-        group = draw(st.integers(1, min(MAX_GROUP, capabilities.max_group_size or MAX_GROUP)))
-    head_dim = draw(_sizes(capabilities.head_dims, st.sampled_from(HEAD_DIMS)))
-    page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
+        dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
+                                            key=list(DTYPES).index)))
+        num_kv_heads = draw(st.integers(1, MAX_KV_HEADS))
+        if capabilities.group_sizes is not None:
+            group = draw(st.sampled_from(sorted(capabilities.group_sizes)))
+        else:
+            group = draw(st.integers(1, min(MAX_GROUP,
+                                            capabilities.max_group_size or MAX_GROUP)))
+        head_dim = draw(_sizes(capabilities.head_dims, st.sampled_from(HEAD_DIMS)))
+        page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
     batch = draw(st.one_of(st.integers(1, 4), st.integers(1, MAX_BATCH)))
     context_lens = tuple(draw(st.lists(_context_length(page_size), min_size=batch,
                                        max_size=batch)))
@@ -85,3 +108,26 @@ def cost(case: Case) -> int:
 
 def is_power_of_two(n: int) -> bool:
     return n > 0 and 2 ** int(math.log2(n)) == n
+
+
+def draw_instances(capabilities: Capabilities, count: int, seed: int = 0,
+                   cost_cap: int = GPU_COST_CAP) -> list[Case]:
+    """One drawn case for each of the first ``count`` distinct kernel instances that
+    ``cases`` draws with this seed: what an ahead-of-time build for explore must hold."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hyp_seed
+
+    from backends.base import instance_of
+
+    found: dict[Instance, Case] = {}
+
+    @hyp_seed(seed)
+    @settings(max_examples=20 * count, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), deadline=None)
+    @given(cases(capabilities, cost_cap))
+    def collect(case: Case) -> None:
+        if len(found) < count:
+            found.setdefault(instance_of(case), case)
+
+    collect()
+    return list(found.values())

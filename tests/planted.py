@@ -8,6 +8,7 @@ bug with the check (a ``family/sub-check`` prefix) that must catch it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -430,6 +431,31 @@ class OddKvHeadRemainder(NumpySplitK):
         if num_kv_heads > 1 and num_kv_heads % 2:
             kv = np.where(kv == num_kv_heads - 1, 0, kv)
         return kv
+
+
+class InstancedOddKvHeads(OddKvHeadRemainder):
+    """The same fault in a backend with kernels for a few shapes only (``instances``, as an
+    ahead-of-time build): explore must draw inside them and shrink to the smallest that
+    fails, 5 KV heads (3 is not instantiated; 1, 2 and 4 do not fail)."""
+
+    name = "bug-instanced-odd-kv-heads"
+    capabilities = replace(OddKvHeadRemainder.capabilities, instances=frozenset(
+        (kv * group, kv, head_dim, 16, dtype) for kv in (1, 2, 4, 5, 7)
+        for group, head_dim, dtype in ((1, 64, "float32"), (3, 40, "float16"))))
+
+
+class TwoShapeOnlyBugs(OddKvHeadRemainder):
+    """Two faults no listed case triggers, seen by different checks: the odd-KV-head remainder
+    (oracle) and, at a head_dim not a multiple of 32, q pre-scaled in place (purity). Explore
+    stops at neither: it must report both."""
+
+    name = "bug-two-shape-only-bugs"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        if problem.head_dim % 32:
+            problem.q[...] = (problem.q.astype(F32) * F32(problem.sm_scale)).astype(
+                problem.q.dtype)
 
 
 # (bug, the field of the case that triggers it, the value explore must shrink it to)

@@ -86,3 +86,38 @@ def test_explore_refuses_bad_input_with_exit_2(tmp_path):
     assert result.returncode == 2 and "--max-examples must be at least 1" in result.stderr
     result = cli("explore", "--backend", "numpy", "--save-spec", tmp_path / "no" / "x.toml")
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_a_backend_with_kernel_instances_is_explored_inside_them_and_shrunk_there():
+    backend = open_backend("tests.planted:InstancedOddKvHeads")
+    instances = backend.cls.capabilities.instances
+    drawn: list = []
+    try:
+        state = explore(backend, RunSettings(profile="explore"), 150, database=None,
+                        observe=drawn.append)
+    finally:
+        backend.disconnect()
+    assert drawn and all((c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size, c.dtype)
+                         in instances for c in drawn)
+    oracle = [f.case for check, f in state.findings.items() if check.startswith("oracle/")]
+    assert oracle, f"nothing found in {state.examples} examples"
+    assert min(c.num_kv_heads for c in oracle) == 5
+
+
+def test_the_time_budget_ends_the_search_however_many_examples_are_allowed():
+    state = run_explore("numpy", 100_000, time_budget=3.0)
+    assert state.stopped_early and state.seconds < 30, state.seconds
+    assert 0 < state.examples < 100_000
+
+
+def test_a_failure_found_before_the_time_budget_is_spent_is_kept():
+    state = run_explore("tests.planted:OddKvHeadRemainder", 100_000, time_budget=8.0)
+    assert state.stopped_early and state.seconds < 40, state.seconds
+    assert any(check.startswith("oracle/") for check in state.findings)
+
+
+def test_explore_goes_on_searching_past_the_first_failure():
+    state = run_explore("tests.planted:TwoShapeOnlyBugs", 400)
+    families = {check.split("/")[0] for check in state.findings}
+    assert {"oracle", "purity"} <= families, (state.rounds, sorted(state.findings))
+    assert state.rounds > 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -30,6 +31,23 @@ AOT_ENV = kernels.AOT_ENV_NAME
 def aot_dir() -> Path | None:
     value = os.environ.get(AOT_ENV)
     return Path(value) if value else None
+
+
+def aot_only(target: str) -> set[kernels.KernelKey] | None:
+    """The kernels of the ahead-of-time build when they are all this tvm can run (it has no
+    compiler), else None: then every shape compiles on demand."""
+    directory = aot_dir()
+    if directory is None or kernels.has_compiler():
+        return None
+    return {k for k in kernels.built_keys(directory) if k.target == target}
+
+
+def claims(base: Capabilities, target: str) -> Capabilities:
+    """Runtime-only TVM claims exactly the kernel instances its ahead-of-time build holds."""
+    keys = aot_only(target)
+    instances = frozenset((k.num_qo_heads, k.num_kv_heads, k.head_dim, k.page_size, k.dtype)
+                          for k in keys or () if k.kernel == "decode")
+    return replace(base, instances=instances) if instances else base
 
 
 class TvmBackend(Backend):
@@ -53,6 +71,16 @@ class TvmBackend(Backend):
         self.tvm = kernels.import_tvm()
         self.cache = kernels.KernelCache(self.target, aot_dir())
         self.device = self.tvm.cpu(0) if self.target == "llvm" else self.tvm.cuda(0)
+
+    def unsupported_reason(self, case) -> str | None:
+        reason = super().unsupported_reason(case)
+        built = aot_only(self.target)
+        if reason or not built:
+            return reason
+        key = kernels.KernelKey("decode", self.target, case.num_qo_heads, case.num_kv_heads,
+                                case.head_dim, case.dtype, case.page_size,
+                                case.window is not None)
+        return None if key in built else f"{key.filename} is not in the ahead-of-time build"
 
     def notes(self) -> list[str]:
         cache = self.cache
@@ -122,8 +150,9 @@ class TvmCuda(TvmBackend):
                    "installed apache-tvm or an ahead-of-time build")
     target = "cuda"
     capturable = False  # TVM launches on the legacy default stream: no CUDA-graph capture
-    capabilities = Capabilities(features=frozenset({"lse", "merge", "sliding_window", "sinks"}),
-                                devices=("cuda",))
+    # from an ahead-of-time build alone (no compiler), only the shapes it holds are claimed
+    capabilities = claims(Capabilities(features=frozenset({"lse", "merge", "sliding_window",
+                                                           "sinks"}), devices=("cuda",)), target)
 
     @classmethod
     def availability(cls) -> str | None:

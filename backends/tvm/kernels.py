@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -41,6 +42,27 @@ class KernelKey:
         return (f"{self.kernel}-{self.target}-q{self.num_qo_heads}kv{self.num_kv_heads}"
                 f"-d{self.head_dim}-{self.dtype}-ps{self.page_size}"
                 f"{'-sw' if self.sliding_window else ''}.so")
+
+    @classmethod
+    def from_filename(cls, filename: str) -> KernelKey | None:
+        match = _FILENAME.fullmatch(filename)
+        if match is None:
+            return None
+        kernel, target, qo, kv, head_dim, dtype, page_size, sliding = match.groups()
+        return cls(kernel, target, int(qo), int(kv), int(head_dim), dtype, int(page_size),
+                   bool(sliding))
+
+
+_FILENAME = re.compile(r"(decode|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)(-sw)?\.so")
+
+
+def built_keys(aot_dir: Path) -> set[KernelKey]:
+    """The kernels an ahead-of-time build holds, from its manifest (none without one)."""
+    manifest = aot_dir / "manifest.json"
+    if not manifest.is_file():
+        return set()
+    names = json.loads(manifest.read_text()).get("keys", [])
+    return {key for key in map(KernelKey.from_filename, names) if key is not None}
 
 
 def has_compiler() -> bool:
@@ -219,12 +241,13 @@ def prepare_cuda_runtime(aot_dir: Path | None) -> None:
     _CUDA_READY = True
 
 
-def keys_for_case(case, target: str) -> set[KernelKey]:
+def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]:
     """Every kernel the checks ask for on a case: the case's decode with and without the
     window (merge segments have none), GQA repeated to MHA, the page size doubled (the
-    page-size invariance), and the merge."""
+    page-size invariance), and the merge. ``any_window``: with the window whether or not
+    the case has one (the shape serves every case of its instance)."""
     keys = set()
-    windows = {case.window is not None, False}
+    windows = {case.window is not None or any_window, False}
     for sliding in windows:
         for kv_heads in {case.num_kv_heads, case.num_qo_heads}:
             for page_size in (case.page_size, case.page_size * 2):
@@ -244,15 +267,21 @@ def build_command(args) -> int:
     from conformance.runner import RunSettings, select_cases
 
     backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
-    settings = RunSettings(profile=args.profile, spec_path=args.spec)
-    cases = select_cases(settings.spec(), args.profile)
-    if args.bench_shapes:
-        cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
-    cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
-    keys = sorted({k for c in cases for k in keys_for_case(c, args.target)},
+    if args.explore:
+        from conformance.strategies import GPU_COST_CAP, draw_instances
+
+        cases = draw_instances(backend.capabilities, args.explore, args.seed, GPU_COST_CAP)
+        what = f"{len(cases)} kernel shapes drawn for explore (seed {args.seed})"
+    else:
+        settings = RunSettings(profile=args.profile, spec_path=args.spec)
+        cases = select_cases(settings.spec(), args.profile)
+        if args.bench_shapes:
+            cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
+        cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
+        what = f"{len(cases)} cases of profile {args.profile}"
+    keys = sorted({k for c in cases for k in keys_for_case(c, args.target, bool(args.explore))},
                   key=lambda k: k.filename)
-    print(f"building {len(keys)} TVM kernels for {len(cases)} cases of profile "
-          f"{args.profile} into {args.out}", flush=True)
+    print(f"building {len(keys)} TVM kernels for {what} into {args.out}", flush=True)
     started = time.monotonic()
     summary = build(keys, args.out, fatbins=not args.no_fatbin)
     print(f"done in {time.monotonic() - started:.1f}s: compile {summary['compile_seconds']:.1f}s, "

@@ -1,0 +1,55 @@
+"""What a backend claims: refused when malformed, narrowed to kernel instances when it has
+kernels for only some shapes (an ahead-of-time build), and explained when a case is left out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backends.base import Capabilities
+from backends.tvm import backends as tvm_backends
+from backends.tvm import kernels
+from conformance.spec import Case
+
+ONE = frozenset({(8, 2, 64, 16, "float16")})
+
+
+def case(**fields) -> Case:
+    base = dict(family="t", num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                dtype="float16", context_lens=(5,), distribution="normal")
+    return Case(**{**base, **fields})
+
+
+@pytest.mark.parametrize("instances", [frozenset(), frozenset({(8, 2, 64, 16)}),
+                                       frozenset({(8, 2, 64, 16, "float8")}),
+                                       frozenset({(8, 0, 64, 16, "float16")})])
+def test_malformed_instances_are_refused_naming_the_field(instances):
+    with pytest.raises(ValueError, match=r"Capabilities\.instances"):
+        Capabilities(instances=instances)
+
+
+def test_a_case_outside_the_instances_is_unsupported_with_its_shape():
+    claims = Capabilities(instances=ONE)
+    assert claims.unsupported_reason(case()) is None
+    reason = claims.unsupported_reason(case(num_qo_heads=6))
+    assert "6/2 heads, head_dim 64, page_size 16, float16" in reason
+    assert claims.describe()["instances"] == 1 and Capabilities().describe()["instances"] == "any"
+
+
+def test_runtime_only_tvm_claims_exactly_the_decode_kernels_of_its_build(tmp_path, monkeypatch):
+    built = [kernels.KernelKey("decode", "cuda", 6, 2, 40, "float16", 3, sliding)
+             for sliding in (False, True)]
+    built += [kernels.KernelKey("merge", "cuda", 6, 6, 40, "float16"),
+              kernels.KernelKey("decode", "llvm", 4, 4, 8, "float32", 1)]
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"keys": [k.filename for k in built] + ["not-a-kernel.so"], "failures": {}}))
+    assert [kernels.KernelKey.from_filename(k.filename) for k in built] == built
+    monkeypatch.setenv(kernels.AOT_ENV_NAME, str(tmp_path))
+    monkeypatch.setattr(kernels, "has_compiler", lambda: False)
+    base = tvm_backends.TvmCuda.capabilities
+    claimed = tvm_backends.claims(base, "cuda")
+    assert claimed.instances == frozenset({(6, 2, 40, 3, "float16")})
+    assert claimed.features == base.features
+    monkeypatch.setattr(kernels, "has_compiler", lambda: True)  # compiles the rest on demand
+    assert tvm_backends.claims(base, "cuda").instances is None
