@@ -5,6 +5,7 @@
 # build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
 # Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
+#        (BACKENDS, JOBS, SHARD=K/N, CASE_TIMEOUT: 900 when FlashInfer compiles under load)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh upgrade             # the FlashInfer upgrade gate: PROFILE on
@@ -58,7 +59,7 @@ case "${1:-conformance}" in
       start=$(date +%s)
       shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
-        "${backends[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
+        --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
       rc=$?
       echo "run $run rc=$rc $(( $(date +%s) - start )) s" | tee -a "$OUT/runs.txt"

@@ -125,9 +125,9 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "expectations_dir": str(report.settings.manifest_dir or ""),
         "strict_manifest": report.strict_manifest,
         "spec": report.settings.spec_path or "built-in",
-        "machine": machine.describe(),
-        "backends": [{**b.describe(), "device": report.devices.get(b.label, "")}
-                     for b in report.backends],
+        "machine": report.recorded_machine or machine.describe(),
+        "backends": [{**report.recorded_backends.get(b.label, b.describe()),
+                      "device": report.devices.get(b.label, "")} for b in report.backends],
         "summary": summary,
         "ok": report.ok,
         "interrupted": report.interrupted,

@@ -231,6 +231,10 @@ class RunReport:
     interrupted: str = ""  # why the run stopped early, if it did
     captured: dict[tuple[str, str], Captured] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)  # backend label -> where it ran
+    # what the machine that ran the cases recorded (a merge of shards keeps the shards'
+    # machine and backend descriptions, not those of the machine that merges them)
+    recorded_machine: dict | None = None
+    recorded_backends: dict[str, dict] = field(default_factory=dict)  # label -> description
 
     @property
     def failures(self) -> list[Result]:

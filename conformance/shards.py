@@ -90,6 +90,15 @@ def merge_reports(paths: list[Path]):
                 merged.devices[backend["name"]] = backend["device"]
         for backend, described in zip(backends, report["backends"], strict=True):
             backend.notes = backend.notes or described.get("notes", [])
+            recorded = merged.recorded_backends.get(backend.label)
+            if recorded is None or (described.get("available") and not recorded.get("available")):
+                merged.recorded_backends[backend.label] = {
+                    k: v for k, v in described.items() if k != "device"}
+    machines = [report.get("machine") for report in reports]
+    if machines[0] and all(m == machines[0] for m in machines):
+        merged.recorded_machine = machines[0]
+    elif any(machines):
+        merged.recorded_machine = {"shards": machines}
     merged.captured = dict(sorted(merged.captured.items(),
                                   key=lambda item: (rank[item[0][0]], order[item[0][1]])))
     return merged

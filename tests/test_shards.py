@@ -62,3 +62,22 @@ def test_merged_shards_report_exactly_what_one_run_reports(tmp_path):
             (tmp_path / f"merged.{suffix}").read_text()
     missing = cli("merge", shards[0], shards[2])
     assert missing.returncode == 2 and "exactly once" in missing.stderr
+
+
+def test_a_merge_keeps_the_machine_and_backends_the_shards_ran_on(tmp_path):
+    """Shards made on a GPU machine and merged on a laptop still say where they ran."""
+    args = ("run", "--backend", "numpy", "--profile", "smoke")
+    shards = []
+    for k in (1, 2):
+        shards.append(tmp_path / f"shard{k}.json")
+        cli(*args, "--shard", f"{k}/2", "--report-json", shards[-1])
+        report = json.loads(shards[-1].read_text())
+        report["machine"] = {"platform": "the GPU machine"}
+        report["backends"][0]["notes"] = ["ran there"]
+        report["backends"][0]["available"] = k == 2  # one shard may have failed to load it
+        shards[-1].write_text(json.dumps(report))
+    cli("merge", *shards, "--report-json", tmp_path / "merged.json")
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["machine"] == {"platform": "the GPU machine"}
+    assert merged["backends"][0]["notes"] == ["ran there"]
+    assert merged["backends"][0]["available"] is True
