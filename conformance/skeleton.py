@@ -47,6 +47,7 @@ class {cls}(Backend):
         head_dims=None,  # None = any; else e.g. frozenset({{64, 128}})
         page_sizes=None,
         max_group_size=None,
+        instances=None,  # or the (qo heads, kv heads, head_dim, page_size, dtype) you built
         features=frozenset(),  # any of "lse", "merge", "split_k", "sliding_window", "sinks"
         devices=("cpu",),
         float32_matmul="ieee",  # "tf32" if float32 matmuls run in TF32
