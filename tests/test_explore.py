@@ -121,3 +121,18 @@ def test_explore_goes_on_searching_past_the_first_failure():
     families = {check.split("/")[0] for check in state.findings}
     assert {"oracle", "purity"} <= families, (state.rounds, sorted(state.findings))
     assert state.rounds > 1
+
+
+def test_failures_a_manifest_lists_are_not_reported_as_found(tmp_path):
+    from conformance.checks import CHECK_FAMILIES
+
+    (tmp_path / "bug-odd-kv-head-remainder.toml").write_text("".join(
+        f'[[expect]]\ncase = "explore/*"\ncheck = "{family}"\nreason = "known"\n'
+        for family in CHECK_FAMILIES))
+    backend = open_backend("tests.planted:OddKvHeadRemainder", tmp_path)
+    try:
+        state = explore(backend, RunSettings(profile="explore", manifest_dir=tmp_path), 150,
+                        database=None)
+    finally:
+        backend.disconnect()
+    assert state.examples == 150 and not state.findings, sorted(state.findings)
