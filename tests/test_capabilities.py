@@ -55,22 +55,43 @@ def test_runtime_only_tvm_claims_exactly_the_decode_kernels_of_its_build(tmp_pat
     assert tvm_backends.claims(base, "cuda").instances is None
 
 
-def test_an_explore_build_holds_every_kernel_of_the_shapes_explore_draws(tmp_path):
-    """`build tvm --explore N`: the same seed draws the same shapes, and each is built with
-    what the checks ask of it (window or not, as MHA, at twice the page size, the merge)."""
+def explore_build(out) -> list[Case]:
+    """`build tvm --target llvm --explore 2 --seed 5` into ``out``; the cases drawn."""
     pytest.importorskip("tvm", reason="apache-tvm is not installed (the tvm extra)")
     from conformance.strategies import draw_instances
     from tests.run_cli import cli
 
-    drawn = draw_instances(tvm_backends.TvmCpu.capabilities, 2, seed=5)
+    done = cli("build", "tvm", "--target", "llvm", "--explore", "2", "--seed", "5",
+               "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return draw_instances(tvm_backends.TvmCpu.capabilities, 2, seed=5)
+
+
+def test_an_explore_build_holds_every_kernel_of_the_shapes_explore_draws(tmp_path):
+    """`build tvm --explore N`: the same seed draws the same shapes, and each is built with
+    what the checks ask of it (window or not, as MHA, at twice the page size, the merge)."""
+    from conformance.strategies import draw_instances
+    from tests.run_cli import cli
+
+    drawn = explore_build(tmp_path)
     assert [c.id for c in drawn] == [c.id for c in draw_instances(
         tvm_backends.TvmCpu.capabilities, 2, seed=5)]
-    done = cli("build", "tvm", "--target", "llvm", "--explore", "2", "--seed", "5",
-               "--out", tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
     built = kernels.built_keys(tmp_path)
     for case in drawn:
         for key in kernels.keys_for_case(case, "llvm", any_window=True):
             assert key in built, key.filename
     refused = cli("build", "tvm", "--explore", "0", "--out", tmp_path)
     assert refused.returncode == 2 and "--explore" in refused.stderr
+
+
+def test_runtime_only_tvm_refuses_a_shape_its_build_lacks_and_takes_one_it_has(
+        tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    drawn = explore_build(tmp_path)
+    monkeypatch.setenv(kernels.AOT_ENV_NAME, str(tmp_path))
+    monkeypatch.setattr(kernels, "has_compiler", lambda: False)
+    backend = tvm_backends.TvmCpu()
+    assert backend.unsupported_reason(drawn[0]) is None
+    other = replace(drawn[0], head_dim=drawn[0].head_dim + 8)
+    assert "not in the ahead-of-time build" in backend.unsupported_reason(other)

@@ -70,17 +70,17 @@ class TvmBackend(Backend):
     def __init__(self) -> None:
         self.tvm = kernels.import_tvm()
         self.cache = kernels.KernelCache(self.target, aot_dir())
+        self.built = aot_only(self.target)  # None: shapes compile on demand
         self.device = self.tvm.cpu(0) if self.target == "llvm" else self.tvm.cuda(0)
 
     def unsupported_reason(self, case) -> str | None:
         reason = super().unsupported_reason(case)
-        built = aot_only(self.target)
-        if reason or not built:
+        if reason or not self.built:
             return reason
         key = kernels.KernelKey("decode", self.target, case.num_qo_heads, case.num_kv_heads,
                                 case.head_dim, case.dtype, case.page_size,
                                 case.window is not None)
-        return None if key in built else f"{key.filename} is not in the ahead-of-time build"
+        return None if key in self.built else f"{key.filename} is not in the ahead-of-time build"
 
     def notes(self) -> list[str]:
         cache = self.cache
