@@ -57,6 +57,11 @@ class Capabilities:
 
     def __post_init__(self) -> None:
         # a typo here would claim nothing and pass everything as unsupported: refuse it
+        for name in ("dtypes", "features"):
+            if isinstance(getattr(self, name), str) or not all(
+                    isinstance(v, str) for v in getattr(self, name)):
+                raise ValueError(f"Capabilities.{name} must be a set of names, got "
+                                 f"{getattr(self, name)!r}")
         unknown_dtypes = set(self.dtypes) - set(DTYPES)
         if unknown_dtypes:
             raise ValueError(f"Capabilities.dtypes: unknown {sorted(unknown_dtypes)}; known: "
@@ -79,6 +84,19 @@ class Capabilities:
         if self.float32_matmul not in ("ieee", "tf32"):
             raise ValueError(f"Capabilities.float32_matmul must be 'ieee' or 'tf32', got "
                              f"{self.float32_matmul!r}")
+        if not _positive_ints(self.split_counts):
+            raise ValueError(f"Capabilities.split_counts must be positive integers, got "
+                             f"{self.split_counts!r}")
+        if self.max_group_size is not None and not _positive_ints((self.max_group_size,)):
+            raise ValueError(f"Capabilities.max_group_size must be None (any) or a positive "
+                             f"integer, got {self.max_group_size!r}")
+        if isinstance(self.devices, str) or not self.devices or not set(self.devices) <= set(
+                DEVICES):
+            raise ValueError(f"Capabilities.devices must name some of {', '.join(DEVICES)}, "
+                             f"got {self.devices!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"Capabilities.deterministic must be True or False, got "
+                             f"{self.deterministic!r}")
 
     def unsupported_reason(self, case: Case) -> str | None:
         """Why this backend does not claim ``case``, or None when it does."""
@@ -113,6 +131,52 @@ class Capabilities:
                 "instances": "any" if self.instances is None else len(self.instances)}
 
 
+    def as_data(self) -> dict[str, object]:
+        """Plain data (lists), the form a worker sends; ``from_data`` reads it back."""
+        def listed(values: Iterable | None) -> list | None:
+            return None if values is None else sorted(values, key=str)
+        return {"dtypes": listed(self.dtypes), "head_dims": listed(self.head_dims),
+                "page_sizes": listed(self.page_sizes), "group_sizes": listed(self.group_sizes),
+                "max_group_size": self.max_group_size, "features": listed(self.features),
+                "devices": list(self.devices), "float32_matmul": self.float32_matmul,
+                "split_counts": list(self.split_counts), "deterministic": self.deterministic,
+                "instances": None if self.instances is None else
+                [list(i) for i in sorted(self.instances, key=str)]}
+
+    @classmethod
+    def from_data(cls, data: object) -> Capabilities:
+        """The capabilities ``as_data`` wrote; anything else is refused naming the field."""
+        names = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or set(data) != names:
+            raise ValueError(f"capabilities {str(data)[:200]} do not have the fields "
+                             f"{sorted(names)}")
+
+        def values(name: str, kind: type) -> object:
+            value = data[name]
+            if value is None and name not in ("dtypes", "features", "devices", "split_counts"):
+                return None
+            if not isinstance(value, list):
+                raise ValueError(f"Capabilities.{name} must be a list, got {value!r}")
+            return kind(tuple(v) if isinstance(v, list) else v for v in value)
+
+        return cls(dtypes=values("dtypes", frozenset), head_dims=values("head_dims", frozenset),
+                   page_sizes=values("page_sizes", frozenset),
+                   group_sizes=values("group_sizes", frozenset),
+                   max_group_size=data["max_group_size"],
+                   features=values("features", frozenset), devices=values("devices", tuple),
+                   float32_matmul=data["float32_matmul"],
+                   split_counts=values("split_counts", tuple),
+                   deterministic=data["deterministic"],
+                   instances=values("instances", frozenset))
+
+
+DEVICES = ("cpu", "cuda", "cpu-interpreter")  # the last: Triton's interpreter on a CPU
+
+
+def _positive_ints(values: Iterable) -> bool:
+    return all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in values)
+
+
 #: (num_qo_heads, num_kv_heads, head_dim, page_size, dtype): one instantiated kernel shape
 Instance = tuple[int, int, int, int, str]
 
@@ -143,6 +207,26 @@ class Conventions:
 
     lse_base: float = math.e
     empty_lse: float = -math.inf
+
+    def __post_init__(self) -> None:
+        base, empty = self.lse_base, self.empty_lse
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not (
+                math.isfinite(base) and base > 1):
+            raise ValueError(f"Conventions.lse_base must be a finite number above 1 (e, 2), "
+                             f"got {base!r}")
+        if isinstance(empty, bool) or not isinstance(empty, (int, float)) or math.isnan(
+                empty) or empty == math.inf:
+            raise ValueError(f"Conventions.empty_lse must be -inf or a finite number, got "
+                             f"{empty!r}")
+
+    def as_data(self) -> dict[str, float]:
+        return {"lse_base": self.lse_base, "empty_lse": self.empty_lse}
+
+    @classmethod
+    def from_data(cls, data: object) -> Conventions:
+        if not isinstance(data, dict) or set(data) != {"lse_base", "empty_lse"}:
+            raise ValueError(f"conventions {str(data)[:200]} are not {{lse_base, empty_lse}}")
+        return cls(data["lse_base"], data["empty_lse"])
 
     @property
     def empty_lse_natural(self) -> float:

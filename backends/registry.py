@@ -37,7 +37,8 @@ class UnknownBackendError(ValueError):
 
 
 # Names become report keys and file names (expectations/<name>.toml): keep them plain.
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+MAX_NAME = 64
+SAFE_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._+-]{{0,{MAX_NAME - 1}}}")
 
 
 def plugin_targets() -> dict[str, str]:
@@ -115,8 +116,9 @@ def backend_label(name: str, cls: type[Backend]) -> str:
                                       f"backend's; choose another")
         label = own
     if not isinstance(label, str) or not SAFE_NAME.fullmatch(label):
-        raise UnknownBackendError(f"backend {name!r}: name {label!r} must be letters, digits "
-                                  f"and . _ + - (starting with a letter or digit)")
+        raise UnknownBackendError(f"backend {name!r}: name {str(label)[:80]!r} must be letters, "
+                                  f"digits and . _ + - (starting with a letter or digit, at "
+                                  f"most {MAX_NAME} characters)")
     return label
 
 

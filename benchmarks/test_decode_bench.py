@@ -54,7 +54,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def backend(request):
-    opened = open_backend(request.config.getoption("bench_backend"))
+    # timed here, beside the kernel: loaded in this process too
+    opened = open_backend(request.config.getoption("bench_backend"), isolated=False)
     if opened.reason:
         pytest.skip(f"backend {opened.label} unavailable: {opened.reason}")
     return opened

@@ -17,7 +17,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from backends.base import Backend
 from conformance.dtypes import numpy_dtype
 from conformance.problem import materialise, poisoned_outputs
 from conformance.spec import Case
+from conformance.worker import ContractError
 
 BENCH_PATH = Path(__file__).with_name("bench.toml")
 _FIELDS = {"name", "sets", "batch", "context", "num_qo_heads", "num_kv_heads", "head_dim",
@@ -164,6 +165,18 @@ class BenchResult:
     def as_dict(self) -> dict:
         return {**asdict(self), "spread": self.spread}
 
+    @classmethod
+    def from_data(cls, data: dict) -> BenchResult:
+        """A result a worker sent as plain data, checked before it is printed or saved."""
+        names = [f.name for f in fields(cls)]
+        numbers = ("median_s", "kv_bytes", "bytes_per_s")
+        if set(data) != set(names) or not all(
+                isinstance(data[n], (int, float)) and data[n] > 0 for n in numbers) or not (
+                isinstance(data["medians_s"], list) and data["medians_s"] and all(
+                    isinstance(m, (int, float)) and m > 0 for m in data["medians_s"])):
+            raise ContractError(f"the bench call sent back {str(data)[:200]}, not a result")
+        return cls(**data)
+
 
 def bench(backend: Backend, label: str, shape: BenchShape, rounds: int = 1,
           copy_rate: float | None = None) -> BenchResult:
@@ -189,7 +202,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.report_json is not None:
         check_output(args.report_json, "--report-json")
     shapes = select_shapes(args.shapes, args.shape)
-    backends = open_backends(args.backend)
+    backends = open_backends(args.backend, isolated=not args.in_process,
+                             load_timeout=args.case_timeout or None)
     for backend in backends:
         if backend.reason:
             print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
@@ -215,8 +229,9 @@ def bench_command(args: argparse.Namespace) -> int:
             for shape in shapes:
                 handle.begin_case(args.case_timeout)
                 try:
-                    result = handle.call("bench", backend.label, shape, args.rounds,
-                                         copy_rate if device == "cuda" else None)
+                    result = BenchResult.from_data(handle.call(
+                        "bench", backend.label, shape, args.rounds,
+                        copy_rate if device == "cuda" else None))
                 except Exception as exc:
                     failed += 1
                     print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",

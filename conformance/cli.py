@@ -223,20 +223,13 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         backend = open_backend(name)
         state = "available" if backend.reason is None else f"unavailable: {backend.reason}"
         print(f"{name}: {state}")
-        if backend.cls.description:
-            print(f"  {backend.cls.description}")
-        for key, value in backend.cls.capabilities.describe().items():
+        if backend.declared.description:
+            print(f"  {backend.declared.description}")
+        for key, value in backend.capabilities.describe().items():
             print(f"  {key}: {value}")
-        conventions = backend.cls.conventions.describe()
+        conventions = backend.declared.conventions.describe()
         print(f"  conventions: LSE base {conventions['lse_base']}, empty-context LSE "
               f"{conventions['empty_lse']}")
-    return 0
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    settings = RunSettings(profile=args.profile, spec_path=args.spec)
-    for case in select_cases(settings.spec(), args.profile, args.patterns):
-        print(case.id)
     return 0
 
 
@@ -250,6 +243,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, **more) -> RunSettings:
     return RunSettings(profile=args.profile, spec_path=args.spec, manifest_dir=args.expectations,
                        isolated=not args.in_process, case_timeout=args.case_timeout, **more)
+
+
+def _loading(args: argparse.Namespace) -> dict:
+    """How backends are loaded: in a worker within the case timeout, or here to debug."""
+    return {"isolated": not args.in_process, "load_timeout": args.case_timeout or None}
 
 
 def _check_run_inputs(args: argparse.Namespace) -> None:
@@ -279,7 +277,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
                 if args.compare_accuracy else None)
     if args.backend:
-        backends = open_backends(args.backend, args.expectations)
+        backends = open_backends(args.backend, args.expectations, **_loading(args))
         unavailable = [b for b in backends if b.reason]
         for backend in unavailable:
             print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
@@ -287,7 +285,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if unavailable:
             return 2
     else:
-        backends = open_backends(sorted(known_backends()), args.expectations)
+        backends = open_backends(sorted(known_backends()), args.expectations, **_loading(args))
         for backend in backends:
             if backend.reason:
                 print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
@@ -374,7 +372,7 @@ def _cmd_expectations(args: argparse.Namespace) -> int:
     if args.expectations is not None:
         check_directory(args.expectations, "--expectations")
     settings = _settings(args)
-    backend = open_backend(args.backend, args.expectations)
+    backend = open_backend(args.backend, args.expectations, **_loading(args))
     if backend.reason:
         print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
               file=sys.stderr)

@@ -126,7 +126,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     from conformance.strategies import CPU_COST_CAP, GPU_COST_CAP, cases
 
     handle = backend.connect(settings.isolated)
-    on_gpu = "cuda" in backend.cls.capabilities.devices and handle.device() == "cuda"
+    on_gpu = "cuda" in backend.capabilities.devices and handle.device() == "cuda"
     cap = cost_cap or (GPU_COST_CAP if on_gpu else CPU_COST_CAP)
     state = Exploration(backend.label)
     started = time.monotonic()
@@ -140,7 +140,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     # round (seed + round) treats the checks found failing so far as passing, until a round
     # finds nothing new or the examples or the time run out.
     db = DirectoryBasedExampleDatabase(str(database / backend.label)) if database else None
-    strategy = cases(backend.cls.capabilities, cap)
+    strategy = cases(backend.capabilities, cap)
 
     def search(round_seed: int, examples: int, known: frozenset[str]) -> None:
         @hyp_seed(round_seed)
@@ -220,7 +220,8 @@ def explore_command(args: argparse.Namespace) -> int:
                                                                       CHECK_FAMILIES),
                            manifest_dir=args.expectations, isolated=not args.in_process,
                            case_timeout=args.case_timeout)
-    backend = open_backends([args.backend], args.expectations)[0]
+    backend = open_backends([args.backend], args.expectations, isolated=not args.in_process,
+                            load_timeout=args.case_timeout or None)[0]
     if backend.reason:
         print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
               file=sys.stderr)

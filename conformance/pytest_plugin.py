@@ -88,7 +88,9 @@ class ConformanceSession:
 
     def backend(self, name: str) -> BackendRun:
         if name not in self._backends:
-            self._backends[name] = open_backend(name, self.settings.manifest_dir)
+            self._backends[name] = open_backend(name, self.settings.manifest_dir,
+                                                self.settings.isolated,
+                                                self.settings.case_timeout or None)
         return self._backends[name]
 
     def trial(self, backend: BackendRun, case: Case) -> Trial | None:
@@ -97,7 +99,7 @@ class ConformanceSession:
         if backend.reason is not None:
             return None
         handle = backend.connect(self.settings.isolated)
-        handle.begin_case(self.settings.case_timeout)
+        handle.begin_case(self.settings.case_timeout, case.id)
         key = (backend.label, case.id)
         if self._trial is None or self._trial[0] != key:
             self._trial = (key, Trial(handle, case))

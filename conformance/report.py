@@ -74,6 +74,8 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
         total = sum(c.total_bytes for c in report.captured.values())
         print(f"  backend output: {total} bytes over {len(report.captured)} case(s), kept in "
               f"the JSON report (not shown here)", file=stream)
+    for (backend, case), reasons in report.restarts.items():
+        print(f"  worker replaced {len(reasons)}x in {backend} {case}: {reasons[0]}", file=stream)
     failures = report.failures
     if not failures:
         print("\nno unexpected failures", file=stream)
@@ -138,6 +140,8 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "unclaimed": report.unclaimed(),
         "captured_output": [{"backend": backend, "case": case, **captured.as_dict()}
                             for (backend, case), captured in report.captured.items()],
+        "worker_restarts": [{"backend": backend, "case": case, "reasons": reasons}
+                            for (backend, case), reasons in report.restarts.items()],
     }
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from backends.base import Backend
-from backends.registry import availability_reason, backend_label, resolve
+from backends.base import Backend, Capabilities
 from conformance.checks import CHECK_FAMILIES, Outcome, Trial
+from conformance.declared import Declared, describe_target
 from conformance.manifest import Manifest, apply, glob_match, load_manifest
 from conformance.sandbox import (
     BackendHandle,
@@ -21,12 +21,12 @@ from conformance.sandbox import (
     InProcessBackend,
     IsolatedBackend,
     describe_exception,
+    probe,
 )
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
 from conformance.status import FAILING, Status
 
 DEFAULT_CASE_TIMEOUT = 300.0  # seconds; 0 disables
-
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,24 @@ class Result:
 
 @dataclass
 class BackendRun:
-    """A backend as this run sees it: its label, class, availability, manifest, and the
-    handle through which the run reaches it (made on first use)."""
+    """A backend as this run sees it: its label, what it declares (data read off its class in a
+    worker), its manifest, and the handle through which the run reaches it (made on first use)."""
 
     label: str
     target: str
-    cls: type[Backend]
-    reason: str | None
+    declared: Declared
     manifest: Manifest
     handle: BackendHandle | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str | None:
+        """Why the backend cannot run here, or None."""
+        return self.declared.availability
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.declared.capabilities
 
     @property
     def device(self) -> str | None:
@@ -74,8 +82,8 @@ class BackendRun:
 
     def connect(self, isolated: bool = True) -> BackendHandle:
         if self.handle is None:
-            self.handle = (IsolatedBackend(self.cls, self.label, self.target) if isolated
-                           else InProcessBackend(self.cls, self.label))
+            self.handle = (IsolatedBackend(self.declared, self.target) if isolated
+                           else InProcessBackend(self.declared, self.target))
         return self.handle
 
     def disconnect(self) -> None:
@@ -84,30 +92,36 @@ class BackendRun:
             self.handle.close()
             self.handle = None
 
+    def detached(self) -> BackendRun:
+        """This backend without its handle, to hand to another process (``-j``)."""
+        return replace(self, handle=None, notes=[])
+
     def instance(self) -> Backend:
         """The backend constructed in this process, for timing (bench); never for checks."""
         return self.connect(isolated=False).instance
 
     def describe(self) -> dict:
         return {"name": self.label, "target": self.target, "available": self.reason is None,
-                "reason": self.reason or "", "description": self.cls.description,
-                "capabilities": self.cls.capabilities.describe(),
-                "conventions": self.cls.conventions.describe(),
+                "reason": self.reason or "", "description": self.declared.description,
+                "capabilities": self.capabilities.describe(),
+                "conventions": self.declared.conventions.describe(),
                 "expectations": str(self.manifest.path) if self.manifest.path else "",
                 "notes": self.notes}
 
 
-def open_backend(name: str, manifest_dir: Path | None = None) -> BackendRun:
-    """Resolve and probe a backend; construction waits for the first call (in its worker)."""
-    cls = resolve(name)
-    label = backend_label(name, cls)
-    return BackendRun(label, name, cls, availability_reason(cls),
-                      load_manifest(label, manifest_dir))
+def open_backend(name: str, manifest_dir: Path | None = None, isolated: bool = True,
+                 load_timeout: float | None = DEFAULT_CASE_TIMEOUT) -> BackendRun:
+    """Read a backend's declaration: in a worker (its import and availability check under the
+    same isolation and timeout as its calls), or here with ``isolated=False``."""
+    declared = probe(name, load_timeout) if isolated else describe_target(name)
+    return BackendRun(declared.name, name, declared, load_manifest(declared.name, manifest_dir))
 
 
-def open_backends(names: Iterable[str], manifest_dir: Path | None = None) -> list[BackendRun]:
+def open_backends(names: Iterable[str], manifest_dir: Path | None = None,
+                  isolated: bool = True,
+                  load_timeout: float | None = DEFAULT_CASE_TIMEOUT) -> list[BackendRun]:
     """Open several backends; two that would be reported under one name are refused."""
-    opened = [open_backend(name, manifest_dir) for name in names]
+    opened = [open_backend(name, manifest_dir, isolated, load_timeout) for name in names]
     seen: dict[str, str] = {}
     for backend in opened:
         if backend.label in seen:
@@ -219,6 +233,7 @@ class CaseRecord:
     results: list[Result]
     captured: Captured | None = None
     device: str | None = None  # where the backend ran ("cpu", "cuda"), when it could say
+    restarts: list[str] = field(default_factory=list)  # why its worker was replaced
 
 
 @dataclass
@@ -230,6 +245,7 @@ class RunReport:
     strict_manifest: bool = False
     interrupted: str = ""  # why the run stopped early, if it did
     captured: dict[tuple[str, str], Captured] = field(default_factory=dict)
+    restarts: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (backend, case)
     devices: dict[str, str] = field(default_factory=dict)  # backend label -> where it ran
     # what the machine that ran the cases recorded (a merge of shards keeps the shards'
     # machine and backend descriptions, not those of the machine that merges them)
@@ -248,7 +264,7 @@ class RunReport:
         for backend in self.backends:
             statuses = {r.status for r in self.results if r.backend == backend.label}
             if statuses <= {Status.UNSUPPORTED}:
-                claims = backend.cls.capabilities.describe()
+                claims = backend.capabilities.describe()
                 problems.append(
                     f"backend {backend.label} claims no check of this run (profile "
                     f"{self.settings.profile}, {len(self.cases)} cases): it claims dtypes "
@@ -284,26 +300,20 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
         return CaseRecord([r for family in settings.families
                            for r in evaluate(backend, case, family, settings)])
     handle = backend.connect(settings.isolated)
-    handle.begin_case(settings.case_timeout)
+    handle.begin_case(settings.case_timeout, case.id)
     trial = Trial(handle, case)
     results = [result for family in settings.families
                for result in evaluate(backend, case, family, settings, trial)]
-    return CaseRecord(results, handle.end_case(), handle.device())
+    return CaseRecord(results, handle.end_case(), handle.device(), handle.take_restarts())
 
 
-# Per worker process of ``-j``: the backends it has opened, by target.
+# Per worker process of ``-j``: the backends it has connected, by label.
 _WORKER_BACKENDS: dict[str, BackendRun] = {}
 
 
-def _evaluate_in_worker(task: tuple[str, Case, RunSettings]) -> CaseRecord:
-    target, case, settings = task
-    if target not in _WORKER_BACKENDS:
-        _WORKER_BACKENDS[target] = open_backend(target, settings.manifest_dir)
-    backend = _WORKER_BACKENDS[target]
-    if backend.reason is not None:  # available to the parent, not here: every check errs
-        outcomes = [Outcome(f, Status.ERROR, message=f"backend unavailable in the worker process: "
-                                                  f"{backend.reason}") for f in settings.families]
-        return CaseRecord(results_of(backend, case, outcomes, settings))
+def _evaluate_in_worker(task: tuple[BackendRun, Case, RunSettings]) -> CaseRecord:
+    backend, case, settings = task
+    backend = _WORKER_BACKENDS.setdefault(backend.label, backend)
     return evaluate_case(backend, case, settings)
 
 
@@ -342,8 +352,9 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         if jobs > 1 and len(tasks) > 1:
             from conformance.parallel import run_pool
 
-            run_pool([(b.target, c, settings) for b, c in tasks], _evaluate_in_worker, jobs,
-                     done, crashed)
+            detached = {b.label: b.detached() for b in backends}
+            run_pool([(detached[b.label], c, settings) for b, c in tasks], _evaluate_in_worker,
+                     jobs, done, crashed)
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))
@@ -359,6 +370,8 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
             backend, case = tasks[index]
             if record.captured is not None:
                 report.captured[(backend.label, case.id)] = record.captured
+            if record.restarts:
+                report.restarts[(backend.label, case.id)] = record.restarts
             if record.device:
                 report.devices[backend.label] = record.device
     return report

@@ -1,14 +1,15 @@
 """Where the code under test runs: a worker process by default, this process when debugging.
 
-A backend is untrusted code. ``IsolatedBackend`` hosts it in a child process of its own (its
-stdout and stderr captured through a pipe, its calls over a socket); ``InProcessBackend``
-calls it here, for debugging with a debugger. Both give the backend copies of its inputs, so
-the harness keeps arrays the backend never touched, and both return plain NumPy arrays that
-the harness validates before any check reads them.
+A backend is untrusted code. ``IsolatedBackend`` hosts it in a ``Worker`` process of its own
+(its stdout and stderr captured through a pipe, its calls over a socket, ``conformance.wire``);
+``InProcessBackend`` calls it here, for debugging with a debugger. Both give the backend
+copies of its inputs and compare them with the harness's own afterwards, and both return
+plain data that the harness validates before any check reads it.
 
 Whatever the backend does in the worker (a signal, ``exit``, ``os._exit``, ``SystemExit``,
-a hang, an out-of-memory kill) surfaces as ``BackendError`` on the call that held it; after
-a fault the rest of that case fails fast and the next case gets a fresh worker.
+a hang, an out-of-memory kill, a lost CUDA context) surfaces as ``BackendError`` on the call
+that held it. After a death or a timeout the rest of that case fails fast and the next case
+gets a fresh worker; after an error that lost the device, the next call does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
+import secrets
 import select
 import signal
 import socket
@@ -26,24 +28,34 @@ import termios
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities, Conventions
+from backends.registry import UnknownBackendError
+from conformance.declared import Declared
+from conformance.interrupts import interrupted, noting_interrupts
 from conformance.problem import Problem
+from conformance.wire import (
+    PeerGoneError,
+    Segment,
+    WireError,
+    decode_reply,
+    pack_message,
+    receive_frame,
+    send_frame,
+)
 from conformance.worker import (
     CALLS,
     BackendError,
     Captured,
     ContractError,
     describe_exception,
+    device_lost,
 )
 
 OUTPUT_TAIL = 4096  # bytes of a case's captured output kept for the report
-
-
 
 
 def check_merged(backend_name: str, a: AttentionState, out: np.ndarray,
@@ -64,46 +76,103 @@ def check_merged(backend_name: str, a: AttentionState, out: np.ndarray,
     return AttentionState(out=out, lse=lse)
 
 
+# --- what a call handed over, as the backend left it ---------------------------------------------
+
+
+class Handed:
+    """The arrays a call handed to the backend, as the backend left them: ``current`` is the
+    backend's copy of one of the harness's arrays, ``changed`` whether it differs from it."""
+
+    def __init__(self, current: Callable[[np.ndarray], np.ndarray],
+                 changed: Callable[[np.ndarray], bool]):
+        self.current = current
+        self.changed = changed
+
+
+def _merged_arrays(label: str, value: Any) -> tuple[np.ndarray, np.ndarray]:
+    if not (isinstance(value, dict) and set(value) == {"out", "lse"}
+            and all(isinstance(v, np.ndarray) for v in value.values())):
+        raise ContractError(f"{label}'s merge sent back {str(value)[:120]}, not an output and "
+                            f"an LSE array")
+    return value["out"], value["lse"]
+
+
+def _reply_of(kind: type | tuple[type, ...], what: str) -> Callable[[str, Any], Any]:
+    def check(label: str, value: Any) -> Any:
+        if not isinstance(value, kind):
+            raise ContractError(f"{label}'s {what} sent back {str(value)[:120]!r}")
+        return value
+    return check
+
+
+def _notes_reply(label: str, value: Any) -> list[str]:
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ContractError(f"{label}'s notes sent back {str(value)[:120]!r}, not lines")
+    return value
+
+
+# How the harness reads each call's plain-data reply before anything else uses it.
+REPLIES: dict[str, Callable[[str, Any], Any]] = {
+    "unsupported_reason": _reply_of((str, type(None)), "unsupported_reason"),
+    "notes": _notes_reply,
+    "device": _reply_of(str, "device"),
+    "timing_device": _reply_of(list, "timing_device"),
+    "bench": _reply_of(dict, "bench"),
+    "decode": _reply_of(type(None), "decode"),
+    "merge": lambda label, value: value,  # read by merge itself
+}
+
+
 # --- handles: what the harness holds -----------------------------------------------------------
 
 
 class BackendHandle:
     """The harness's view of one backend: its declared data, and calls that cannot hurt it."""
 
-    def __init__(self, cls: type[Backend], label: str):
-        self.cls = cls
-        self.label = label
-        self.capabilities: Capabilities = cls.capabilities
-        self.conventions: Conventions = cls.conventions
-        # the capabilities answer unless the class adds limits of its own (backend code)
-        self._own_limits = cls.unsupported_reason is not Backend.unsupported_reason
+    def __init__(self, declared: Declared, target: str):
+        self.declared = declared
+        self.label = declared.name
+        self.target = target
+        self.capabilities: Capabilities = declared.capabilities
+        self.conventions: Conventions = declared.conventions
         self._reasons: dict[str, str | None] = {}
 
     def call(self, name: str, *args: Any) -> Any:
-        return self.submit(name, *args)()
+        value, _ = self.submit(name, *args)()
+        return REPLIES[name](self.label, value)
 
-    def submit(self, name: str, *args: Any) -> Callable[[], Any]:
-        """Start a call; the returned function waits for its result (or raises its fault)."""
+    def submit(self, name: str, *args: Any) -> Callable[[], tuple[Any, Handed]]:
+        """Start a call; the returned function waits for its plain-data result and what the
+        backend left of the arrays it was handed (or raises its fault)."""
         raise NotImplementedError
 
     def submit_decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray,
                       num_splits: int | None
                       ) -> Callable[[], tuple[np.ndarray, np.ndarray, tuple[str, ...]]]:
-        """Start a decode; the harness may work (on the oracle, say) while it runs."""
+        """Start a decode; the harness may work (on the oracle, say) while it runs. The
+        result names the inputs the call changed, as the harness saw them."""
         waiting = self.submit("decode", problem, out, lse, num_splits)
 
         def result() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-            got_out, got_lse, mutated = waiting()
-            out[...], lse[...] = got_out, got_lse
-            return out, lse, tuple(mutated)
+            value, handed = waiting()
+            REPLIES["decode"](self.label, value)
+            out[...], lse[...] = handed.current(out), handed.current(lse)
+            mutated = tuple(name for name, array in problem.arrays().items()
+                            if handed.changed(array))
+            return out, lse, mutated
         return result
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        out, lse = self.call("merge", a, b)
-        return check_merged(self.label, a, out, lse)
+        value, handed = self.submit("merge", a, b)()
+        inputs = {"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse}
+        changed = [name for name, array in inputs.items() if handed.changed(array)]
+        if changed:
+            raise ContractError(f"{self.label}'s merge modified its inputs: "
+                                f"{', '.join(changed)}")
+        return check_merged(self.label, a, *_merged_arrays(self.label, value))
 
     def unsupported_reason(self, case: Any) -> str | None:
-        if not self._own_limits:
+        if not self.declared.own_limits:
             return self.capabilities.unsupported_reason(case)
         if case.id not in self._reasons:
             self._reasons[case.id] = self.call("unsupported_reason", case)
@@ -121,12 +190,17 @@ class BackendHandle:
                 return None
         return self._device
 
-    def begin_case(self, timeout: float | None) -> None:
-        """Start the clock of a case; ``timeout`` None or 0 means none."""
+    def begin_case(self, timeout: float | None, case: str | None = None) -> None:
+        """Start the clock of a case; ``timeout`` None or 0 means none. ``case`` names it, so
+        that a case that timed out is not called again when its next family starts it."""
 
     def end_case(self) -> Captured | None:
         """What the backend printed during the case (None when nothing or not captured)."""
         return None
+
+    def take_restarts(self) -> list[str]:
+        """Why the worker was replaced during the case, once each (it lost its device)."""
+        return []
 
     def close(self) -> None:
         pass
@@ -134,60 +208,62 @@ class BackendHandle:
 
 class InProcessBackend(BackendHandle):
     """The backend in this process (``--in-process``): for debuggers; no isolation, no timeout,
-    no capture. It still gets copies of its inputs."""
+    no capture. It still gets copies of its inputs, compared with the harness's afterwards."""
 
-    def __init__(self, cls: type[Backend], label: str):
-        super().__init__(cls, label)
+    def __init__(self, declared: Declared, target: str):
+        super().__init__(declared, target)
         self._instance: Backend | None = None
 
     @property
     def instance(self) -> Backend:
         if self._instance is None:
+            from backends.registry import resolve
+
             try:
-                self._instance = self.cls()
+                self._instance = resolve(self.target)()
             except Exception as exc:
                 raise BackendError(f"constructor raised {describe_exception(exc)}") from exc
         return self._instance
 
-    def submit(self, name: str, *args: Any) -> Callable[[], Any]:
+    def submit(self, name: str, *args: Any) -> Callable[[], tuple[Any, Handed]]:
         instance = self.instance
-        if name == "decode":  # the buffers are the backend's to write: copy only the problem
-            args = (copy.deepcopy(args[0]), *args[1:])
-        else:
-            args = copy.deepcopy(args)
+        copies: dict[int, Any] = {}
+        given = copy.deepcopy(args, copies)
         try:
-            result = CALLS[name](instance, *args)
+            with noting_interrupts():
+                result = CALLS[name](instance, *given)
         except ContractError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too; a real Ctrl-C still stops the run
+            if isinstance(exc, KeyboardInterrupt) and interrupted():
+                raise
             raise BackendError(f"{name} raised {describe_exception(exc)}") from exc
-        return lambda: result
+        if name == "merge":  # plain arrays, as a worker would send them
+            result = {key: np.array(value, copy=True) for key, value in result.items()}
+
+        def changed(array: np.ndarray) -> bool:
+            mine = copies[id(array)]
+            return mine.shape != array.shape or mine.dtype != array.dtype or not np.array_equal(
+                np.ascontiguousarray(mine).reshape(-1).view(np.uint8),
+                np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        handed = Handed(lambda array: copies[id(array)], changed)
+        return lambda: (result, handed)
 
     def notes(self) -> list[str]:
         try:
             return self.call("notes") if self._instance is not None else []
-        except BackendError as exc:
+        except (BackendError, ContractError) as exc:
             return [str(exc)]
 
 
-class IsolatedBackend(BackendHandle):
-    """The backend in a worker process of its own, started on first use and after a fault."""
+class Worker:
+    """One worker process: started, asked, and ended with everything it started.
 
-    def __init__(self, cls: type[Backend], label: str, target: str):
-        super().__init__(cls, label)
-        self.target = target
-        self.process: subprocess.Popen | None = None
-        self.conn: Connection | None = None
-        self.output: _OutputReader | None = None
-        self.deadline: float | None = None
-        self.timeout: float | None = None
-        self.fault: str = ""  # why the rest of this case fails fast
-        self.unavailable: str = ""  # why every case fails fast
-        self.busy = False  # a request is out: the worker may be stuck in it
+    It runs in a session (and process group) of its own, so that a Ctrl-C reaches the harness
+    only and so that ending it ends the helpers it forked too. Its death is read from its exit
+    status (a pidfd wakes the wait), never from the end of a pipe a forked child may hold."""
 
-    # - the worker's life -
-
-    def _start(self) -> None:
+    def __init__(self) -> None:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
@@ -195,105 +271,94 @@ class IsolatedBackend(BackendHandle):
             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=env, start_new_session=True)
         child.close()
-        self.conn = Connection(parent.detach())
+        self.sock = parent
+        try:
+            self.pidfd: int | None = os.pidfd_open(self.process.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
         self.output = _OutputReader(self.process.stdout)
-        self._request(("open", self.target), "loading the backend")
+        self.number = 0  # the last request's: its reply must carry it
 
-    def _stop(self) -> None:
-        if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
-            if self.output is not None:
-                self.output.join()
-        if self.conn is not None:
-            self.conn.close()
-        self.process = self.conn = None
-        self.busy = False
+    def send(self, message: Any, deadline: float | None) -> Segment:
+        """Send a request; its arrays go in a shared segment the harness keeps. An OSError
+        means the worker is gone (its exit status says more) or stopped reading."""
+        self.number = secrets.randbits(62)  # unguessable: a forged reply cannot match it
+        payload, segment = pack_message((self.number, message))
+        try:
+            self.sock.settimeout(None if deadline is None
+                                 else max(0.001, deadline - time.monotonic()))
+            send_frame(self.sock, payload, (segment.fd,))
+        finally:
+            segment.close_fd()
+            self.sock.settimeout(None)
+        return segment
 
-    def close(self) -> None:
-        if self.process is not None and self.process.poll() is None and not self.busy:
+    def receive(self, deadline: float | None) -> list | None:
+        """The reply to the last request, as [kind, value, lost]; None past the deadline.
+
+        Frames of other numbers (a backend that wrote to the channel itself) are dropped.
+        ``PeerGoneError``: the worker ended; ``WireError``: it broke the protocol."""
+        while True:
+            frame = receive_frame(self.sock, deadline, self.exited, self.pidfd)
+            if frame is None:
+                return None
             try:
-                self.conn.send(None)
-                self.process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._stop()
+                reply = decode_reply(frame)
+            except WireError as exc:
+                raise WireError(f"a reply that is not data: {exc}") from None
+            if not (isinstance(reply, list) and len(reply) == 4 and isinstance(reply[0], int)
+                    and reply[1] in ("ok", "contract", "unavailable", "raised")):
+                raise WireError(f"a reply that is not [number, kind, value, lost]: "
+                                f"{str(reply)[:120]}")
+            if reply[0] == self.number:
+                return reply[1:]
 
-    # - cases -
+    def wrote_unasked(self) -> bool:
+        """Whether bytes wait on the channel before a request: the worker wrote on its own."""
+        return bool(select.select([self.sock], [], [], 0)[0])
 
-    def begin_case(self, timeout: float | None) -> None:
-        self.timeout = timeout or None
-        self.deadline = time.monotonic() + timeout if timeout else None
-        self.fault = ""
-        if self.output is not None:
-            self.output.take()
-
-    def end_case(self) -> Captured | None:
-        return self.output.take() if self.output is not None else None
-
-    # - calls -
-
-    def submit(self, name: str, *args: Any) -> Callable[[], Any]:
-        if self.unavailable or self.fault:
-            raise BackendError(self.unavailable or f"not run: {self.fault}")
-        if self.process is None:
-            self._start()
-        return self._send(("call", name, args), name)
-
-    def notes(self) -> list[str]:
-        if self.process is None or self.fault or self.busy:
-            return []
+    def exited(self) -> bool:
+        """Whether the worker has ended, looked at without reaping it (its process group id
+        stays reserved until it is reaped, so ending the group then cannot hit another)."""
         try:
-            return self.call("notes")
-        except (BackendError, ContractError) as exc:
-            return [f"notes() failed: {exc}"]
+            return os.waitid(os.P_PID, self.process.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
 
-    def _request(self, message: tuple, what: str) -> Any:
-        return self._send(message, what)()
+    def exit_status(self, wait: float) -> int:
+        """Its exit status, waiting up to ``wait`` seconds before killing it."""
+        deadline = time.monotonic() + wait
+        while not self.exited() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.end()
+        return self.process.returncode
 
-    def _send(self, message: tuple, what: str) -> Callable[[], Any]:
-        self.busy = True
+    def end(self) -> None:
+        """Kill the worker and every process of its group, then reap it."""
         try:
-            self.conn.send(message)
-        except OSError:
-            pass  # a dead worker: its exit status says more below
-        return lambda: self._receive(what)
-
-    def _receive(self, what: str) -> Any:
-        remaining = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-        try:
-            ready = self.conn.poll(remaining)
-            reply = self.conn.recv() if ready else None
-        except (EOFError, OSError):
-            reply = ()
-        self.busy = False
-        if reply is None:
-            self._fail(f"timed out after {self.timeout:g} s (in {what}); the worker was killed")
-        if reply == ():
-            self._fail(self._death(what))
-        kind, value = reply
-        if kind == "ok":
-            return value
-        if kind == "contract":
-            raise ContractError(value)
-        if kind == "unavailable":
-            self.unavailable = f"backend {self.label} is unavailable in the worker process: {value}"
-            self._fail(self.unavailable)
-        raise BackendError(value)
-
-    def _fail(self, why: str) -> None:
-        self.fault = why
-        self._stop()
-        raise BackendError(why)
-
-    def _death(self, what: str) -> str:
-        try:
-            code = self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
         self.output.join()
+        self.sock.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def close(self, wait: float = 5.0) -> None:
+        """Ask the worker to end, give it ``wait`` seconds, then end what is left."""
+        try:
+            self.sock.settimeout(wait)
+            send_frame(self.sock, pack_message(None)[0])  # the worker's cue to end
+        except OSError:
+            pass
+        self.exit_status(wait)
+
+    def death(self, what: str) -> str:
+        """Why the worker ended, from its exit status and its last output."""
+        code = self.exit_status(10.0)
         if code < 0:
             try:
                 how = f"was killed by {signal.Signals(-code).name}"
@@ -306,6 +371,179 @@ class IsolatedBackend(BackendHandle):
         last = self.output.last_lines()
         return f"the worker process {how} during {what}" + (f"; its last output: {last}"
                                                             if last else "")
+
+
+class IsolatedBackend(BackendHandle):
+    """The backend in a worker process of its own, started on first use and after a fault."""
+
+    def __init__(self, declared: Declared, target: str):
+        super().__init__(declared, target)
+        self.worker: Worker | None = None
+        self.deadline: float | None = None
+        self.timeout: float | None = None
+        self.fault: str = ""  # why the rest of this case fails fast
+        self.unavailable: str = ""  # why every case fails fast
+        self.busy = False  # a request is out: the worker may be stuck in it
+        self.case: str | None = None  # the case the clock runs for
+        self.timed_out = ""  # the case timed out: its later families are not run
+        self.restarts: list[str] = []
+        self.kept_output: list[Captured] = []  # of workers replaced during the case
+
+    # - the worker's life -
+
+    def _start(self) -> None:
+        self.worker = Worker()
+        self._request(("open", self.target), "loading the backend")
+
+    def _stop(self) -> None:
+        if self.worker is not None:
+            self.worker.end()
+            self._keep_output()
+        self.worker = None
+        self.busy = False
+
+    def _keep_output(self) -> None:
+        captured = self.worker.output.take()
+        if captured is not None:
+            self.kept_output.append(captured)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            if self.busy:
+                self.worker.end()
+            else:
+                self.worker.close()
+        self.worker = None
+
+    # - cases -
+
+    def begin_case(self, timeout: float | None, case: str | None = None) -> None:
+        if case is None or case != self.case:
+            self.timed_out = ""
+            self.restarts = []
+            self.kept_output = []
+            if self.worker is not None:
+                self.worker.output.take()
+        self.case = case
+        self.timeout = timeout or None
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.fault = self.timed_out
+
+    def end_case(self) -> Captured | None:
+        parts = self.kept_output + ([self.worker.output.take()] if self.worker else [])
+        self.kept_output = []
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        return Captured(sum(p.total_bytes for p in parts),
+                        "".join(p.tail for p in parts)[-OUTPUT_TAIL:])
+
+    def take_restarts(self) -> list[str]:
+        restarts, self.restarts = self.restarts, []
+        return restarts
+
+    # - calls -
+
+    def submit(self, name: str, *args: Any) -> Callable[[], tuple[Any, Handed]]:
+        if self.unavailable or self.fault:
+            raise BackendError(self.unavailable or f"not run: {self.fault}")
+        if self.worker is None:
+            self._start()
+        segment = self._send(("call", name, args), name)
+
+        def result() -> tuple[Any, Handed]:
+            value = self._receive(name)
+            index = {id(array): i for i, array in enumerate(segment.originals)}
+            return value, Handed(lambda array: segment.views[index[id(array)]],
+                                 lambda array: segment.changed(index[id(array)]))
+        return result
+
+    def notes(self) -> list[str]:
+        if self.worker is None or self.fault or self.busy:
+            return []
+        try:
+            return self.call("notes")
+        except (BackendError, ContractError) as exc:
+            return [f"notes() failed: {exc}"]
+
+    def _request(self, message: tuple, what: str) -> Any:
+        self._send(message, what)
+        return self._receive(what)
+
+    def _send(self, message: tuple, what: str) -> Segment | None:
+        if self.worker.wrote_unasked():  # it could answer this request before reading it
+            self.restarts.append(f"{what}: the worker wrote to the channel unasked")
+            self._stop()
+            self._start()
+        self.busy = True
+        try:
+            return self.worker.send(message, self.deadline)
+        except TimeoutError:
+            self._time_out(what)
+        except OSError:
+            self._fail(self.worker.death(what))
+        return None
+
+    def _receive(self, what: str) -> Any:
+        try:
+            reply = self.worker.receive(self.deadline)
+        except PeerGoneError:
+            self._fail(self.worker.death(what))
+        except WireError as exc:
+            self._fail(f"{what}: the worker broke the protocol ({exc}); the worker was killed")
+        self.busy = False
+        if reply is None:
+            self._time_out(what)
+        kind, value, lost = reply
+        if kind == "ok":
+            return value
+        if kind == "contract":
+            raise ContractError(str(value))
+        if kind == "unavailable":
+            self.unavailable = f"backend {self.label} is unavailable in the worker process: {value}"
+            self._fail(self.unavailable)
+        message = str(value)
+        lost = lost if isinstance(lost, str) and lost else device_lost(message)
+        if lost:  # every later call in that process would fail: replace it before the next
+            self.restarts.append(f"{what}: {lost}")
+            self._stop()
+            message += f"; the worker was replaced ({lost})"
+        raise BackendError(message)
+
+    def _time_out(self, what: str) -> None:
+        self.timed_out = f"the case timed out after {self.timeout:g} s in {what}"
+        self._fail(f"timed out after {self.timeout:g} s (in {what}); the worker was killed")
+
+    def _fail(self, why: str) -> None:
+        self.fault = self.fault or why
+        self._stop()
+        raise BackendError(why)
+
+
+def probe(target: str, timeout: float | None) -> Declared:
+    """Import a backend in a worker and read its declaration there, within ``timeout``.
+
+    A backend that fails to import is refused (``UnknownBackendError``, a one-line error); one
+    whose import or availability check kills or hangs its worker is unavailable, with why."""
+    worker = Worker()
+    deadline = time.monotonic() + timeout if timeout else None
+    try:
+        worker.send(("describe", target), deadline)
+        reply = worker.receive(deadline)
+    except (OSError, PeerGoneError):
+        return Declared.unloadable(target, "loading it: " + worker.death("loading the backend"))
+    except WireError as exc:
+        worker.end()
+        return Declared.unloadable(target, f"loading it broke the protocol: {exc}")
+    if reply is None:
+        worker.end()
+        return Declared.unloadable(target, f"loading it timed out after {timeout:g} s (its "
+                                           f"import or availability check); it was killed")
+    worker.close()
+    kind, value, _ = reply
+    if kind != "ok":
+        raise UnknownBackendError(str(value))
+    return Declared.from_data(value, target)
 
 
 class _OutputReader:

@@ -85,6 +85,8 @@ def merge_reports(paths: list[Path]):
         for entry in report.get("captured_output", []):
             merged.captured[(entry["backend"], entry["case"])] = Captured(entry["bytes"],
                                                                           entry["tail"])
+        for entry in report.get("worker_restarts", []):
+            merged.restarts[(entry["backend"], entry["case"])] = entry["reasons"]
         for backend in report["backends"]:
             if backend.get("device"):
                 merged.devices[backend["name"]] = backend["device"]

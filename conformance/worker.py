@@ -1,9 +1,10 @@
 """What runs in a backend's worker process: the calls the harness may make, and the loop that
 serves them (``python -m conformance.worker FD``, started by ``conformance.sandbox``).
 
-Each call runs the backend on the arguments it was sent (copies the harness keeps no hold
-of) and returns plain data; whatever the backend raises, ``SystemExit`` and
-``KeyboardInterrupt`` included, goes back as a described fault.
+Each call runs the backend on the arguments it was sent (views of a shared segment that the
+harness compares with its own copies afterwards) and returns plain data (``conformance.wire``);
+whatever the backend raises, ``SystemExit`` and ``KeyboardInterrupt`` included, goes back as
+a described fault, with a word on whether the device context survived it.
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backends.base import AttentionState, Backend
-from conformance.problem import Problem, fingerprint
+from conformance.problem import Problem
+from conformance.wire import encode_reply, receive_frame_blocking, send_frame, unpack_message
 
 
 class BackendError(Exception):
@@ -63,37 +65,28 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def call_decode(backend: Backend, problem: Problem, out: np.ndarray, lse: np.ndarray,
-                num_splits: int | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """Decode into the buffers; report which inputs the call changed."""
-    before = fingerprint(problem.arrays())
+                num_splits: int | None) -> None:
+    """Decode into the buffers. The harness reads them, and compares the inputs it handed
+    over with its own copies, itself: nothing here reports on purity."""
     backend.decode(problem, out, lse, num_splits=num_splits)
-    after = fingerprint(problem.arrays())
-    return out, lse, tuple(name for name in before if before[name] != after[name])
 
 
-def call_merge(backend: Backend, a: AttentionState, b: AttentionState
-               ) -> tuple[np.ndarray, np.ndarray]:
+def call_merge(backend: Backend, a: AttentionState, b: AttentionState) -> dict:
     """The backend's merge, returned as plain arrays (never a class of the backend's own)."""
-    inputs = {"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse}
-    before = fingerprint(inputs)
     merged = backend.merge(a, b)
-    changed = [name for name, digest in fingerprint(inputs).items() if digest != before[name]]
-    if changed:
-        raise ContractError(f"{type(backend).__name__}.merge modified its inputs: "
-                                f"{', '.join(changed)}")
     if not isinstance(merged, AttentionState):
         raise ContractError(f"{type(backend).__name__}.merge returned "
-                                f"{type(merged).__name__}, not an AttentionState")
-    arrays = []
+                            f"{type(merged).__name__}, not an AttentionState")
+    arrays = {}
     for name in ("out", "lse"):
         value = getattr(merged, name)
         if not isinstance(value, np.ndarray) or value.dtype == object:
             raise ContractError(f"{type(backend).__name__}.merge returned a state whose "
-                                    f"{name} is {type(value).__name__}"
-                                    f"{'' if not isinstance(value, np.ndarray) else ' of objects'}"
-                                    f", not a NumPy array")
-        arrays.append(np.array(value, copy=True))
-    return arrays[0], arrays[1]
+                                f"{name} is {type(value).__name__}"
+                                f"{'' if not isinstance(value, np.ndarray) else ' of objects'}"
+                                f", not a NumPy array")
+        arrays[name] = value
+    return arrays
 
 
 def call_unsupported_reason(backend: Backend, case: Any) -> str | None:
@@ -108,24 +101,26 @@ def call_notes(backend: Backend) -> list[str]:
 
 
 def call_bench(backend: Backend, label: str, shape: Any, rounds: int,
-               copy_rate: float | None) -> Any:
+               copy_rate: float | None) -> dict:
     """Time a bench shape where the backend lives (timing must run beside the kernel)."""
+    from dataclasses import asdict
+
     from conformance.bench import bench
 
-    return bench(backend, label, shape, rounds, copy_rate)
+    return asdict(bench(backend, label, shape, rounds, copy_rate))
 
 
-def call_timing_device(backend: Backend) -> tuple[str, float | None, dict[str, str]]:
+def call_timing_device(backend: Backend) -> list:
     """Where the backend's calls run; on a GPU, the copy rate and the GPU's name too."""
     device = backend.timing_device()
     if device != "cuda":
-        return device, None, {}
+        return [device, None, {}]
     import torch
 
     from conformance.bench import copy_bandwidth
 
-    return device, copy_bandwidth(), {"gpu": torch.cuda.get_device_name(0),
-                                      "torch": torch.__version__}
+    return [device, copy_bandwidth(), {"gpu": torch.cuda.get_device_name(0),
+                                       "torch": torch.__version__}]
 
 
 def call_device(backend: Backend) -> str:
@@ -137,6 +132,37 @@ CALLS: dict[str, Callable[..., Any]] = {
     "notes": call_notes, "bench": call_bench, "timing_device": call_timing_device,
     "device": call_device,
 }
+
+# What an error says when the device context it ran in is gone for good: CUDA's sticky
+# errors, as CUDA, PyTorch, Triton, TVM and FlashInfer word them. After one, every later call
+# in that process fails, so the worker must be replaced.
+DEVICE_LOST = ("illegal memory access", "illegal address", "unspecified launch failure",
+               "device-side assert", "misaligned address", "illegal instruction",
+               "cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED", "hardware stack error",
+               "uncorrectable ECC error", "AcceleratorError")
+
+
+def device_lost(text: str) -> str | None:
+    """The words of ``text`` that say the device context is lost, or None."""
+    lowered = text.lower()
+    found = next((words for words in DEVICE_LOST if words.lower() in lowered), None)
+    return f"the device context is lost ({found!r} in the error)" if found else None
+
+
+def device_health() -> str | None:
+    """After an error: None when the GPU this process uses still works (synchronise,
+    allocate, compute, copy back), else why not. Nothing to probe without CUDA in use."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+        probe = torch.ones(4, device="cuda") + 1
+        if float(probe.sum().cpu()) != 8.0:
+            return "the device health probe computed a wrong sum"
+    except BaseException as exc:
+        return f"the device health probe failed: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
 
 
 def _open(target: str) -> tuple[Backend | None, str]:
@@ -152,34 +178,58 @@ def _open(target: str) -> tuple[Backend | None, str]:
         return None, f"constructor raised {describe_exception(exc)}"
 
 
-def serve(conn: Connection) -> None:
+def _describe(target: str) -> dict:
+    """What the harness may know of a backend before running it: its declared data."""
+    from backends.registry import UnknownBackendError
+    from conformance.declared import describe_target
+
+    try:
+        return describe_target(target).as_data()
+    except (UnknownBackendError, ValueError) as exc:
+        raise ContractError(str(exc)) from None
+
+
+def _answer(backend: Backend | None, message: tuple) -> tuple[list, Backend | None]:
+    """The reply to one request: [kind, value, why the device is lost or None]."""
+    kind = message[0]
+    try:
+        if kind == "describe":
+            return ["ok", _describe(message[1]), None], backend
+        if kind == "open":
+            backend, reason = _open(message[1])
+            return (["unavailable", reason, None] if backend is None else ["ok", None, None],
+                    backend)
+        _, name, args = message
+        return ["ok", CALLS[name](backend, *args), None], backend
+    except ContractError as exc:
+        return ["contract", str(exc), None], backend
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the case's fault
+        what = message[1] if kind == "call" else "loading the backend"
+        text = f"{what} raised {describe_exception(exc)}"
+        return ["raised", text, device_lost(text) or device_health()], backend
+
+
+def serve(sock: socket.socket) -> None:
     """Answer the harness's requests until it sends None or goes away."""
     backend: Backend | None = None
     while True:
-        try:
-            message = conn.recv()
-        except EOFError:
+        frame = receive_frame_blocking(sock)
+        if frame is None:
             return
-        if message is None:
+        payload, fds = frame
+        request = unpack_message(payload, fds[0] if fds else None)
+        if request is None:
             return
-        try:
-            if message[0] == "open":
-                backend, reason = _open(message[1])
-                reply = ("unavailable", reason) if backend is None else ("ok", None)
-            else:
-                _, name, args = message
-                reply = ("ok", CALLS[name](backend, *args))
-        except ContractError as exc:
-            reply = ("contract", str(exc))
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the case's fault
-            what = message[1] if message[0] == "call" else "loading the backend"
-            reply = ("raised", f"{what} raised {describe_exception(exc)}")
+        number, message = request
+        reply, backend = _answer(backend, message)
+        del request, message  # the segment's views, freed early
         _flush_output()
         try:
-            conn.send(reply)
-        except Exception as exc:  # an unpicklable result
-            conn.send(("raised", f"the result could not be sent back: "
-                                 f"{describe_exception(exc)}"))
+            data = encode_reply([number, *reply])
+        except Exception as exc:  # a result that is not plain data
+            data = encode_reply([number, "raised", f"the result could not be sent back: "
+                                                   f"{describe_exception(exc)}", None])
+        send_frame(sock, data)
 
 
 def _flush_output() -> None:
@@ -195,7 +245,7 @@ def _flush_output() -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when a worker ends
     faulthandler.enable()  # a native crash prints the Python stack into the captured output
-    serve(Connection(int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])))
 
 
 if __name__ == "__main__":

@@ -139,19 +139,142 @@ class FalseAvailability(NumpySplitK):
         return False
 
 
-def in_backend_worker() -> bool:
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    return getattr(spec, "name", "") == "conformance.worker"
-
-
 class UnavailableInWorkers(NumpySplitK):
-    """Available where the harness probes it, unavailable in the process that runs it."""
+    """Available when the harness loads it, gone when a worker opens it to run cases: a device
+    that disappears after the probe (the first process to ask leaves a mark in
+    ``$HOSTILE_MARK``)."""
 
     name = "hostile-unavailable-in-workers"
 
     @classmethod
     def availability(cls):
-        return "no device in this process" if in_backend_worker() else None
+        mark = os.environ["HOSTILE_MARK"]
+        if os.path.exists(mark):
+            return "no device in this process"
+        open(mark, "w").close()
+        return None
+
+
+class RaisesOnTrigger(Misbehaves):
+    """A plain Python bug on the trigger cases: what a lost device must cost, and no more."""
+
+    name = "hostile-raises"
+
+    def misbehave(self, problem):
+        raise RuntimeError("index out of range in the kernel's launch grid")
+
+
+_DEVICE_LOST = False
+
+
+class StickyDeviceFault(Misbehaves):
+    """Like an out-of-bounds store on a GPU: the trigger case faults, and from then on every
+    call in this process fails as CUDA does after an illegal memory access."""
+
+    name = "hostile-sticky-device"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        global _DEVICE_LOST
+        if _DEVICE_LOST:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if triggered(problem):
+            _DEVICE_LOST = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                               "CUDA kernel errors might be asynchronously reported")
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+    def merge(self, a, b):
+        if _DEVICE_LOST:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().merge(a, b)
+
+
+class ForksHelpers(Misbehaves):
+    """Starts helper processes (a compiler daemon, a pool) that would outlive the run; their
+    pids go to ``$HOSTILE_PIDS``."""
+
+    name = "hostile-forks"
+
+    def misbehave(self, problem):
+        import subprocess
+
+        helpers = [subprocess.Popen(["sleep", "1000"]) for _ in range(2)]
+        pid = os.fork()
+        if pid == 0:  # a forked child that keeps every descriptor of the worker
+            time.sleep(1000)
+            os._exit(0)
+        with open(os.environ["HOSTILE_PIDS"], "a") as stream:
+            stream.write("".join(f"{p}\n" for p in [pid, *(h.pid for h in helpers)]))
+
+
+class SegfaultsWithForkedChild(Misbehaves):
+    """Forks a child that holds the worker's socket and output pipe, then crashes: its death
+    must be read from its exit status, not waited for at the end of a pipe."""
+
+    name = "hostile-segfault-forked"
+
+    def misbehave(self, problem):
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _channel() -> int:
+    return int(sys.argv[1])  # the worker's end of the channel to the harness
+
+
+class StallsMidReply(Misbehaves):
+    """Writes the start of a reply to the harness itself, then hangs."""
+
+    name = "hostile-stalls-mid-reply"
+
+    def misbehave(self, problem):
+        os.write(_channel(), (1 << 20).to_bytes(8, "big") + b"{\"value\": ")
+        time.sleep(1000)
+
+
+class ForgesReply(Misbehaves):
+    """Writes zeros, then sends the harness a reply of its own: a pickle that would mark a
+    file and declare the call done if the harness unpickled it."""
+
+    name = "hostile-forges-reply"
+
+    def misbehave(self, problem):
+        import pickle
+
+        class Payload:
+            def __reduce__(self):
+                return (os.system, (f"touch {os.environ['HOSTILE_MARK']}",))
+
+        forged = pickle.dumps(("ok", (Payload(), None, ())))
+        os.write(_channel(), len(forged).to_bytes(8, "big") + forged)
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if triggered(problem):
+            self.misbehave(problem)
+            out[...] = 0
+            lse[...] = 0
+            return
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class ForgesPurity(NumpySplitK):
+    """Scribbles on its inputs after computing, and tells the harness, in a well-formed data
+    frame of its own, that the call is done: purity is what the harness sees, not what it is
+    told."""
+
+    name = "hostile-forges-purity"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        if triggered(problem):
+            problem.k_pages[...] = 0
+            from conformance.wire import encode_reply
+
+            for number in range(1, 200):  # guess the request's number
+                frame = encode_reply([number, "ok", None, None])
+                os.write(_channel(), len(frame).to_bytes(8, "big") + frame)
 
 
 class UnnamedSubclass(NumpySplitK):

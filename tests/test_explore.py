@@ -90,7 +90,7 @@ def test_explore_refuses_bad_input_with_exit_2(tmp_path):
 
 def test_a_backend_with_kernel_instances_is_explored_inside_them_and_shrunk_there():
     backend = open_backend("tests.planted:InstancedOddKvHeads")
-    instances = backend.cls.capabilities.instances
+    instances = backend.capabilities.instances
     drawn: list = []
     try:
         state = explore(backend, RunSettings(profile="explore"), 150, database=None,

@@ -25,11 +25,11 @@ BAD = "window8+sink"  # the two cases the hostile backends misbehave on
 GOOD = "window8-normal"
 
 
-def run_with_reports(tmp_path, backend, *extra):
+def run_with_reports(tmp_path, backend, *extra, env=None):
     paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "md")}
     result = cli("run", "--backend", f"tests.hostile:{backend}", *SINKS,
                  "--report-json", paths["json"], "--junit-xml", paths["xml"],
-                 "--summary-md", paths["md"], *extra)
+                 "--summary-md", paths["md"], *extra, env=env)
     report = json.loads(paths["json"].read_text())
     ET.parse(paths["xml"])  # well formed
     assert paths["md"].read_text().startswith("## Conformance")
@@ -114,12 +114,14 @@ def test_backend_output_is_captured_per_case_and_kept_out_of_the_terminal(tmp_pa
 
 
 def test_a_backend_unavailable_in_its_worker_errs_and_fails_the_run(tmp_path):
-    result, report = run_with_reports(tmp_path, "UnavailableInWorkers")
+    result, report = run_with_reports(tmp_path, "UnavailableInWorkers",
+                                      env={**os.environ, "HOSTILE_MARK": str(tmp_path / "m")})
     assert result.returncode == 1
     assert {r["status"] for r in report["results"]} == {"error"}
     assert all("unavailable in the worker process: no device" in r["message"]
                for r in report["results"])
-    parallel = cli("run", "--backend", "tests.hostile:UnavailableInWorkers", *SINKS, "-j", "2")
+    parallel = cli("run", "--backend", "tests.hostile:UnavailableInWorkers", *SINKS, "-j", "2",
+                   env={**os.environ, "HOSTILE_MARK": str(tmp_path / "p")})
     assert parallel.returncode == 1 and "ok" not in parallel.stdout.split("verdict")[1][:200]
 
 
@@ -331,3 +333,152 @@ def test_a_known_native_crash_can_be_listed_in_a_manifest(tmp_path, jobs):
     listed = {r["status"] for r in report["results"] if BAD in r["case"]
               and r["check"] == "oracle/output"}
     assert listed == {"known-failure"} and result.returncode == 1
+
+
+# --- faults a kernel under development makes on a GPU, and what they may cost -----------------
+
+
+def verdicts(report):
+    return {(r["case"], r["check"]): r["status"] for r in report["results"]}
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_lost_device_costs_what_a_python_error_costs(tmp_path, jobs):
+    # after the fault every call in that process fails, as CUDA's sticky errors do; with the
+    # worker replaced, the verdicts are those of the same bug raised as a Python error
+    plain = tmp_path / "plain"
+    sticky = tmp_path / "sticky"
+    plain.mkdir(), sticky.mkdir()
+    _, python_error = run_with_reports(plain, "RaisesOnTrigger", "-j", jobs)
+    result, lost = run_with_reports(sticky, "StickyDeviceFault", "-j", jobs)
+    assert result.returncode == 1
+    assert verdicts(lost) == verdicts(python_error)
+    assert statuses(lost, GOOD) == {"passed"} and statuses(lost, BAD) >= {"error"}
+    restarts = lost["worker_restarts"]
+    assert {entry["case"] for entry in restarts} == {r["case"] for r in lost["results"]
+                                                    if BAD in r["case"]}
+    assert all("illegal memory access" in reason for e in restarts for reason in e["reasons"])
+    assert "worker replaced" in result.stdout
+    assert any("the worker was replaced" in m for m in messages(lost, BAD))
+
+
+def test_a_hang_costs_one_timeout_per_case_under_pytest(tmp_path):
+    xml = tmp_path / "r.xml"
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                    "conformance/test_conformance.py", "--backend", "tests.hostile:HangsInPython",
+                    "--profile", "smoke", "-k", "sinks", "--case-timeout", "3",
+                    f"--junitxml={xml}"], cwd=ROOT, capture_output=True, timeout=300)
+    elapsed = time.monotonic() - started
+    texts = [e.get("message", "") for e in ET.parse(xml).iter() if e.tag == "failure"]
+    assert len(texts) == 2 * 6 and all("timed out after 3 s" in t for t in texts), texts
+    # the families after the first do not call the backend again
+    assert sum("not run: the case timed out after 3 s in decode" in t for t in texts) >= 2
+    assert elapsed < 2 * 3 * 3  # one timeout per case; six per case before
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_helpers_a_backend_forks_end_with_its_worker(tmp_path):
+    pids = tmp_path / "pids"
+    result, _ = run_with_reports(tmp_path, "ForksHelpers",
+                                      env={**os.environ, "HOSTILE_PIDS": str(pids)})
+    assert result.returncode == 0, result.stdout[-2000:]
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) >= 2 * 3  # each decode of the two trigger cases starts three
+    deadline = time.monotonic() + 10
+    while not all(_dead(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in started if not _dead(p)] == []
+
+
+def test_a_crash_while_a_forked_child_holds_the_pipe_is_a_crash_not_a_timeout(tmp_path):
+    started = time.monotonic()
+    result, report = run_with_reports(tmp_path, "SegfaultsWithForkedChild", "--case-timeout",
+                                      "60")
+    assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
+    assert any("killed by SIGSEGV" in m for m in messages(report, BAD))
+    assert not any("timed out" in m for m in messages(report, BAD))
+    assert time.monotonic() - started < 60
+
+
+def test_a_reply_that_stops_halfway_is_bounded_by_the_case_timeout(tmp_path):
+    started = time.monotonic()
+    result, report = run_with_reports(tmp_path, "StallsMidReply", "--case-timeout", "3")
+    assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
+    assert statuses(report, BAD) == {"error"}
+    assert any("timed out after 3 s" in m for m in messages(report, BAD))
+    assert time.monotonic() - started < 60
+
+
+def test_a_forged_reply_is_never_executed_and_never_passes(tmp_path):
+    mark = tmp_path / "executed"
+    result, report = run_with_reports(tmp_path, "ForgesReply",
+                                      env={**os.environ, "HOSTILE_MARK": str(mark)})
+    assert not mark.exists()  # the pickle it sent was never loaded
+    assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
+    oracle = {r["status"] for r in report["results"] if BAD in r["case"]
+              and r["check"].startswith("oracle/")}
+    assert oracle and "passed" not in oracle
+
+
+def test_purity_is_what_the_harness_sees_not_what_it_is_told(tmp_path):
+    result, report = run_with_reports(tmp_path, "ForgesPurity", "--check", "purity",
+                                      "--check", "oracle")
+    assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
+    checks = {r["check"]: r["status"] for r in report["results"] if BAD in r["case"]}
+    assert checks["purity"] == "failed", checks
+    assert checks["oracle/output"] == "passed"
+
+
+@pytest.mark.parametrize("body,timeout,what", [
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "60", "killed by SIGSEGV"),
+    ("import time\ntime.sleep(1000)\n", "3", "timed out after 3 s"),
+])
+def test_a_backend_file_that_crashes_or_hangs_on_import_costs_only_itself(tmp_path, body,
+                                                                          timeout, what):
+    source = tmp_path / "broken.py"
+    source.write_text(body)
+    started = time.monotonic()
+    result = cli("run", "--backend", "numpy", "--backend", f"{source}:Broken", *SINKS,
+                 "--case-timeout", timeout)
+    assert time.monotonic() - started < 60
+    assert result.returncode == 2, result.stdout[-1000:] + result.stderr
+    assert "'Broken' is unavailable here" in result.stderr and what in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("ExitsZero", "SystemExit: 0"),
+    ("RaisesKeyboardInterrupt", "KeyboardInterrupt"),
+])
+def test_in_process_a_backend_that_exits_costs_only_its_cases(tmp_path, backend, what):
+    result, report = run_with_reports(tmp_path, backend, "--in-process")
+    assert result.returncode == 1 and not report["interrupted"]
+    assert statuses(report, BAD) == {"error"} and statuses(report, GOOD) == {"passed"}
+    assert any(what in m for m in messages(report, BAD))
+
+
+@pytest.mark.parametrize("declaration,what", [
+    ('capabilities = "fast"', "capabilities is 'fast', not a Capabilities"),
+    ("capabilities = Capabilities(split_counts=(0, -1))",
+     "Capabilities.split_counts must be positive integers"),
+    ('capabilities = Capabilities(devices=("tpu",))', "Capabilities.devices must name some"),
+    ("conventions = Conventions(lse_base=1)", "Conventions.lse_base must be a finite number"),
+    (f'name = "{"x" * 300}"', "at most 64 characters"),
+])
+def test_a_bad_declaration_is_refused_when_the_backend_loads(tmp_path, declaration, what):
+    source = tmp_path / "declares.py"
+    source.write_text("from backends.base import Capabilities, Conventions\n"
+                      "from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Declares(NumpySplitK):\n    name = 'declares'\n"
+                      f"    {declaration}\n")
+    result = cli("run", "--backend", f"{source}:Declares", *SINKS)
+    assert result.returncode == 2 and what in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,312 @@
+"""The channel between the harness and a backend's worker process.
+
+Harness to worker: a pickle (the harness is the trusted side) whose arrays travel in a shared
+memory segment handed over as a file descriptor. After the call the harness reads the outputs
+the backend wrote there and compares the inputs it handed over with its own copies, byte for
+byte: purity is the harness's own observation, not the worker's word.
+
+Worker to harness: data only. JSON for the structure, arrays as dtype + shape + raw bytes,
+every part validated before use. Nothing a backend sends is executed or unpickled, so it can
+neither run code in the harness nor forge a verdict.
+
+Frames are an 8-byte length and that many bytes. The harness reads a reply against a
+deadline and watches the worker's exit at the same time, so a reply that starts and stops, or
+a worker that dies while a forked child keeps the socket open, cannot hold it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import mmap
+import os
+import pickle
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from conformance.dtypes import DTYPES
+
+HEADER = struct.Struct("!Q")
+MAX_REPLY_BYTES = 1 << 31  # no reply of the contract comes near; a larger length is a lie
+ALIGN = 64  # bytes: each array in a segment starts on a cache line
+
+# dtypes a reply may carry, by name (NumPy's own names; bfloat16 through ml_dtypes)
+REPLY_DTYPES: dict[str, np.dtype] = {
+    **{name: np.dtype(scalar) for name, scalar in DTYPES.items()},
+    **{name: np.dtype(name) for name in ("float64", "int64", "int32", "int16", "int8", "uint8",
+                                         "bool")},
+}
+
+
+class WireError(Exception):
+    """A frame that is not what the protocol allows; the message says what was wrong."""
+
+
+class PeerGoneError(Exception):
+    """The other side closed the channel or its process ended before a whole frame came."""
+
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+def send_frame(sock: socket.socket, payload: bytes, fds: tuple[int, ...] = ()) -> None:
+    """One frame; ``fds`` travel with its first byte (SCM_RIGHTS)."""
+    data = HEADER.pack(len(payload)) + payload
+    sent = socket.send_fds(sock, [data], list(fds)) if fds else 0
+    sock.sendall(memoryview(data)[sent:])
+
+
+def receive_frame_blocking(sock: socket.socket, max_fds: int = 4
+                           ) -> tuple[bytes, list[int]] | None:
+    """The worker's side: the next frame and the descriptors that came with it, or None at
+    end of stream."""
+    head, fds, _, _ = socket.recv_fds(sock, HEADER.size, max_fds)
+    if not head:
+        return None
+    head += _read_exactly(sock, HEADER.size - len(head))
+    (length,) = HEADER.unpack(head)
+    return _read_exactly(sock, length), fds
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks, left = [], count
+    while left:
+        chunk = sock.recv(min(left, 1 << 22))
+        if not chunk:
+            raise PeerGoneError("end of stream inside a frame")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive_frame(sock: socket.socket, deadline: float | None, exited: Callable[[], bool],
+                  process_fd: int | None = None) -> bytes | None:
+    """The harness's side: a whole frame, or None when ``deadline`` (monotonic) passes first.
+
+    ``exited`` says whether the worker has ended; ``process_fd`` (a pidfd), when given, wakes
+    the wait the moment it does. Raises ``PeerGoneError`` when the worker ended or closed the
+    channel before a whole frame arrived, ``WireError`` for a length past the limit."""
+    sock.setblocking(False)
+    buffer = bytearray()
+    wanted = HEADER.size
+    have_length = False
+    watched = [sock] if process_fd is None else [sock, process_fd]
+    try:
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return None
+            # without a pidfd, look at the worker's exit status every 50 ms
+            step = timeout if process_fd is not None else min(timeout or 0.05, 0.05)
+            ready, _, _ = select.select(watched, [], [], step)
+            if sock in ready:
+                try:
+                    chunk = sock.recv(min(wanted - len(buffer), 1 << 22))
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    raise PeerGoneError("the worker closed its end of the channel")
+                buffer += chunk
+                if len(buffer) == wanted:
+                    if have_length:
+                        return bytes(buffer[HEADER.size:])
+                    (length,) = HEADER.unpack(buffer)
+                    if length > MAX_REPLY_BYTES:
+                        raise WireError(f"a reply of {length} bytes announced (the limit is "
+                                        f"{MAX_REPLY_BYTES})")
+                    have_length, wanted = True, HEADER.size + length
+                    if length == 0:
+                        return b""
+                continue
+            if exited() and not _readable(sock):
+                raise PeerGoneError("the worker ended")
+    finally:
+        sock.setblocking(True)
+
+
+def _readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+# --- harness to worker: a pickle with its arrays in shared memory -----------------------------
+
+
+class Segment:
+    """The arrays of one message, copied into a shared memory segment the worker maps.
+
+    ``views[i]`` is array ``i`` as it lies in the segment now (what the backend left there);
+    ``originals[i]`` the harness's own array it was copied from."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.originals = arrays
+        offsets, size = [], 0
+        for array in arrays:
+            size = -(-size // ALIGN) * ALIGN
+            offsets.append(size)
+            size += array.nbytes
+        self.fd = os.memfd_create("conformance-call", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, max(size, 1))
+        self.map = mmap.mmap(self.fd, max(size, 1))
+        self.layout = [(offset, array.dtype, array.shape) for offset, array
+                       in zip(offsets, arrays, strict=True)]
+        self.views = [view_in(self.map, *place) for place in self.layout]
+        for view, array in zip(self.views, arrays, strict=True):
+            view[...] = array
+
+    def changed(self, index: int) -> bool:
+        """Whether array ``index`` differs, byte for byte, from the harness's own."""
+        original = np.ascontiguousarray(self.originals[index]).reshape(-1)
+        return not np.array_equal(self.views[index].reshape(-1).view(np.uint8),
+                                  original.view(np.uint8))
+
+    def close_fd(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def view_in(buffer: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+class _SharingPickler(pickle.Pickler):
+    def __init__(self, stream: io.BytesIO):
+        super().__init__(stream, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays: list[np.ndarray] = []
+        self.seen: dict[int, int] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and obj.dtype != object:
+            if id(obj) not in self.seen:
+                self.seen[id(obj)] = len(self.arrays)
+                self.arrays.append(obj)
+            return self.seen[id(obj)]
+        return None
+
+
+def pack_message(message: Any) -> tuple[bytes, Segment]:
+    """A message as a pickle whose arrays lie in a new segment."""
+    stream = io.BytesIO()
+    pickler = _SharingPickler(stream)
+    pickler.dump(message)
+    segment = Segment(pickler.arrays)
+    layout = pickle.dumps(segment.layout, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(layout)) + layout + stream.getvalue(), segment
+
+
+class _SharingUnpickler(pickle.Unpickler):
+    def __init__(self, stream: io.BytesIO, arrays: list[np.ndarray]):
+        super().__init__(stream)
+        self.arrays = arrays
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        return self.arrays[pid]
+
+
+def unpack_message(payload: bytes, fd: int | None) -> Any:
+    """The worker's side of ``pack_message``: arrays are writable views of the segment."""
+    (length,) = HEADER.unpack_from(payload)
+    layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
+    arrays: list[np.ndarray] = []
+    if fd is not None:
+        size = os.fstat(fd).st_size
+        shared = mmap.mmap(fd, size)
+        os.close(fd)
+        arrays = [view_in(shared, *place) for place in layout]
+    stream = io.BytesIO(payload[HEADER.size + length:])
+    return _SharingUnpickler(stream, arrays).load()
+
+
+# --- worker to harness: data only -------------------------------------------------------------
+
+
+def encode_reply(value: Any) -> bytes:
+    """JSON for the structure, arrays as raw bytes after it; only plain data is accepted."""
+    buffers: list[bytes] = []
+
+    def plain(item: Any) -> Any:
+        if item is None or isinstance(item, (bool, str)):
+            return item
+        if isinstance(item, (int, float)):
+            return item
+        if isinstance(item, np.generic) and not isinstance(item, np.void):
+            return plain(item.item())
+        if isinstance(item, np.ndarray):
+            name = dtype_name(item.dtype)
+            buffers.append(np.ascontiguousarray(item).tobytes())
+            return {"__array__": len(buffers) - 1, "dtype": name, "shape": list(item.shape)}
+        if isinstance(item, (list, tuple)):
+            return [plain(x) for x in item]
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                raise TypeError("a reply's dict keys must be strings")
+            return {k: plain(v) for k, v in item.items()}
+        raise TypeError(f"a reply cannot carry {type(item).__name__} (plain data and NumPy "
+                        f"arrays only)")
+
+    header = json.dumps({"value": plain(value), "sizes": [len(b) for b in buffers]}).encode()
+    return HEADER.pack(len(header)) + header + b"".join(buffers)
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    for name, known in REPLY_DTYPES.items():
+        if dtype == known:
+            return name
+    raise TypeError(f"a reply cannot carry arrays of dtype {dtype}")
+
+
+def decode_reply(payload: bytes) -> Any:
+    """The value ``encode_reply`` made, validated; ``WireError`` for anything else."""
+    try:
+        (length,) = HEADER.unpack_from(payload)
+        header = json.loads(payload[HEADER.size:HEADER.size + length])
+    except (struct.error, ValueError, RecursionError) as exc:
+        raise WireError(f"the reply is not a data frame ({type(exc).__name__})") from None
+    if not isinstance(header, dict) or set(header) != {"value", "sizes"}:
+        raise WireError("the reply's header is not {value, sizes}")
+    sizes = header["sizes"]
+    if not isinstance(sizes, list) or not all(isinstance(s, int) and s >= 0 for s in sizes):
+        raise WireError("the reply's array sizes are not non-negative integers")
+    body = memoryview(payload)[HEADER.size + length:]
+    if sum(sizes) != len(body):
+        raise WireError(f"the reply announces {sum(sizes)} bytes of arrays and carries "
+                        f"{len(body)}")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+
+    def build(item: Any, depth: int = 0) -> Any:
+        if depth > 32:
+            raise WireError("the reply is nested too deeply")
+        if isinstance(item, list):
+            return [build(x, depth + 1) for x in item]
+        if isinstance(item, dict):
+            if "__array__" in item:
+                return array_of(item)
+            return {k: build(v, depth + 1) for k, v in item.items()}
+        return item
+
+    def array_of(spec: dict) -> np.ndarray:
+        index, name, shape = spec.get("__array__"), spec.get("dtype"), spec.get("shape")
+        if set(spec) != {"__array__", "dtype", "shape"} or not isinstance(index, int) \
+                or not 0 <= index < len(sizes):
+            raise WireError(f"a malformed array in the reply: {str(spec)[:200]}")
+        if name not in REPLY_DTYPES:
+            raise WireError(f"an array of dtype {str(name)[:40]!r} in the reply; allowed: "
+                            f"{', '.join(REPLY_DTYPES)}")
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise WireError(f"an array of shape {str(shape)[:80]} in the reply")
+        dtype = REPLY_DTYPES[name]
+        if math.prod(shape) * dtype.itemsize != sizes[index]:
+            raise WireError(f"an array of shape {shape} and dtype {name} carries "
+                            f"{sizes[index]} bytes")
+        data = body[starts[index]:starts[index] + sizes[index]]
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+    return build(header["value"])
