@@ -8,6 +8,8 @@
 #        (BACKENDS, JOBS, SHARD=K/N, CASE_TIMEOUT: 900 when FlashInfer compiles under load)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
+#   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
+#        the same trigger raised in Python (tests/hostile_gpu.py): the same verdicts
 #   bash benchmarks/gpu_session.sh upgrade             # the FlashInfer upgrade gate: PROFILE on
 #        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
 #        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
@@ -110,6 +112,34 @@ case "${1:-conformance}" in
     for log in "$OUT"/explore-*.log; do
       echo "== $log"; grep -E "^explored|^- |smallest case" "$log" | cut -c1-300
     done
+    ;;
+  device-fault)
+    # a Triton store out of bounds (sticky CUDA error) against the same trigger raised in
+    # Python, serial and -j 4: the verdicts must be the same (tests/hostile_gpu.py)
+    for jobs in ${FAULT_JOBS:-4 1}; do
+      for backend in RaisesOnTheSameCases OutOfBoundsStore; do
+        start=$(date +%s)
+        timeout 400 python3 -m conformance run --profile ci -k group-sizes -j $jobs \
+          --backend "tests.hostile_gpu:$backend" --report-json "$OUT/fault-$backend-j$jobs.json" \
+          > "$OUT/fault-$backend-j$jobs.log" 2>&1
+        echo "$backend -j $jobs rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/device-fault.txt"
+        grep -E "^  (gpu|worker)" "$OUT/fault-$backend-j$jobs.log" | head -12 | tee -a "$OUT/device-fault.txt"
+      done
+      python3 - "$OUT/fault-RaisesOnTheSameCases-j$jobs.json" "$OUT/fault-OutOfBoundsStore-j$jobs.json" <<'PY' | tee -a "$OUT/device-fault.txt"
+import collections, json, sys
+plain, lost = (json.load(open(path)) for path in sys.argv[1:])
+verdict = lambda report: {(r["case"], r["check"]): r["status"] for r in report["results"]}
+for name, report in (("python error", plain), ("lost device", lost)):
+    print(name, dict(collections.Counter(r["status"] for r in report["results"])),
+          "worker restarts:", sum(len(e["reasons"]) for e in report.get("worker_restarts", [])))
+same = verdict(plain) == verdict(lost)
+print("same verdicts:", same, "over", len(verdict(plain)), "checks")
+for key in sorted(set(verdict(plain)) | set(verdict(lost))):
+    if verdict(plain).get(key) != verdict(lost).get(key):
+        print("  differs:", key, verdict(plain).get(key), verdict(lost).get(key))
+PY
+    done
+    gzip -f "$OUT"/fault-*.json
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"

@@ -115,8 +115,11 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
             time_budget: float | None = None, seed: int = 0,
             database: Path | None = DEFAULT_DATABASE, cost_cap: int | None = None,
             progress: Callable[[Exploration, float | None], None] | None = None,
-            observe: Callable[[Case], None] | None = None) -> Exploration:
-    """Draw up to ``max_examples`` cases the backend claims, judge each, shrink failures."""
+            observe: Callable[[Case], None] | None = None,
+            clock: Callable[[], float] = time.monotonic) -> Exploration:
+    """Draw up to ``max_examples`` cases the backend claims, judge each, shrink failures.
+    ``clock`` measures the time budget (a test gives one that does not depend on the
+    machine's speed)."""
     from hypothesis import HealthCheck, Phase, given
     from hypothesis import seed as hyp_seed
     from hypothesis import settings as hyp_settings
@@ -129,10 +132,10 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     on_gpu = "cuda" in backend.capabilities.devices and handle.device() == "cuda"
     cap = cost_cap or (GPU_COST_CAP if on_gpu else CPU_COST_CAP)
     state = Exploration(backend.label)
-    started = time.monotonic()
+    started = clock()
 
     def over_budget() -> bool:
-        return time_budget is not None and time.monotonic() - started > time_budget
+        return time_budget is not None and clock() - started > time_budget
 
     # past the time budget the search ends where it is: in generation, or in the shrinking
     # of a failure found before, which then keeps the smallest case failing so far.
@@ -158,7 +161,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
                 observe(case)
             if progress:
                 progress(state, None if time_budget is None else
-                         time_budget - (time.monotonic() - started))
+                         time_budget - (clock() - started))
             if handle.unsupported_reason(case):
                 return
             record = evaluate_case(backend, case, settings)
@@ -187,7 +190,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     except TimeBudgetSpent:
         pass  # the smallest case of each finding so far stands
     finally:
-        state.seconds = time.monotonic() - started
+        state.seconds = clock() - started
     return state
 
 

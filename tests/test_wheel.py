@@ -5,24 +5,40 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import venv
+from pathlib import Path
 
 import pytest
 
 from tests.run_cli import ROOT
 
 
+def running_site_packages() -> list[str]:
+    """Where this interpreter finds its packages: the virtual environment the suite was
+    installed into, or the system's. Not the base interpreter's, which a venv made with
+    ``system_site_packages`` would see instead (and where numpy or ml_dtypes may be missing)."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A venv (seeing this interpreter's packages for numpy and the rest) with the wheel."""
+    """A venv with the wheel, seeing the running environment's packages for numpy and the
+    rest: added as plain paths, so the editable install of the source tree (a ``.pth`` hook
+    there) is not."""
     where = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(where), str(ROOT)], check=True, capture_output=True,
                    timeout=300)
     wheel = next(where.glob("paged_decode_conformance-*.whl"))
     env_dir = where / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    venv.create(env_dir, system_site_packages=False, with_pip=False)
     python = env_dir / "bin" / "python"
+    own = subprocess.run([str(python), "-c", "import sysconfig; "
+                          "print(sysconfig.get_paths()['purelib'])"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    Path(own, "running-environment.pth").write_text("\n".join(running_site_packages()) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                     "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
                    timeout=300)
