@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from conformance import machine
-from conformance.inputs import InputError, read_json, write_atomically
+from conformance.inputs import read_saved, write_atomically
 from conformance.runner import Result, RunReport
 from conformance.status import Status
 
@@ -37,11 +37,7 @@ def save_accuracy(report: RunReport, path: Path) -> None:
 
 
 def load_accuracy(path: Path, warn=print) -> dict:
-    data = read_json(path, "accuracy baseline")
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA or not isinstance(data.get("errors"), dict):
-        raise InputError(f"accuracy baseline {str(path)!r}: not an accuracy baseline (schema "
-                         f"{schema!r}, want {SCHEMA!r})")
+    data = read_saved(path, "accuracy baseline", "accuracy")
     changed = machine.differences(data.get("machine", {}), machine.describe())
     if changed:
         warn(f"warning: the accuracy baseline {path} was saved elsewhere; drift may reflect "

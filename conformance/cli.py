@@ -17,12 +17,13 @@ from pathlib import Path
 from backends.registry import UnknownBackendError, known_backends
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
 from conformance.checks import CHECK_FAMILIES
-from conformance.inputs import check_directory, check_output, read_json
+from conformance.inputs import check_directory, check_distinct, check_output, read_json
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.manifest import ManifestError
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
     DEFAULT_CASE_TIMEOUT,
+    MAX_SECONDS,
     RunSettings,
     check_families,
     open_backend,
@@ -44,8 +45,16 @@ def _jobs(text: str) -> int:
 
 def _seconds(text: str) -> float:
     value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 and at most "
+                                         f"{MAX_SECONDS}, got {text}")
+    return value
+
+
+def _factor(text: str) -> float:
+    value = float(text)
+    if not 1 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite factor >= 1, got {text}")
     return value
 
 
@@ -126,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     running.add_argument("--compare-accuracy", type=Path,
                          help="fail checks whose error grew past --drift-factor against "
                               "this saved baseline, even inside the budget")
-    running.add_argument("--drift-factor", type=float, default=2.0)
+    running.add_argument("--drift-factor", type=_factor, default=2.0,
+                         help="how much an error may grow over the baseline (>= 1)")
     running.add_argument("--strict-manifest", action="store_true",
                          help="fail when a manifest entry matches nothing")
     running.add_argument("--junit-xml", type=Path, help="write a JUnit XML report here")
@@ -151,14 +161,14 @@ def _parser() -> argparse.ArgumentParser:
                           help="a registered name or module:Class (repeatable)")
     benching.add_argument("--shapes", default="cpu", help="shape set: cpu or gpu (bench.toml)")
     benching.add_argument("--shape", action="append", default=[], help="only this shape")
-    benching.add_argument("--rounds", type=int, default=3,
+    benching.add_argument("--rounds", type=_positive_int, default=3,
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
 
     exploring = command("explore", explore_command, "search the cases a backend claims for "
                         "failures (Hypothesis), shrink each to a spec entry", "worker")
     exploring.add_argument("--backend", required=True, help="a registered name or module:Class")
-    exploring.add_argument("--max-examples", type=int, default=200)
+    exploring.add_argument("--max-examples", type=_positive_int, default=200)
     exploring.add_argument("--time-budget", type=_positive, metavar="SECONDS",
                            help="stop judging new examples after this long")
     exploring.add_argument("--seed", type=int, default=0, help="the same seed, the same draws")
@@ -188,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
     comparing.add_argument("new", help="the report after")
     comparing.add_argument("--error-factor", type=_positive, default=2.0,
                            help="flag passing checks whose error grew more than this")
+    comparing.add_argument("--allow-different-runs", action="store_true",
+                           help="compare reports of other profiles, specs, backends or case "
+                                "sets (refused by default: a mis-wired gate would pass)")
 
     building = command("build", build_command, "ahead-of-time build of a backend's kernels",
                        "spec")
@@ -252,11 +265,13 @@ def _loading(args: argparse.Namespace) -> dict:
 
 def _check_run_inputs(args: argparse.Namespace) -> None:
     """Every path option, before anything runs: a typo costs a second, not a whole run."""
-    if args.expectations is not None:
+    if getattr(args, "expectations", None) is not None:
         check_directory(args.expectations, "--expectations")
-    for option in ("report_json", "junit_xml", "summary_md", "save_accuracy"):
+    for option in REPORT_OPTIONS:
         if getattr(args, option, None) is not None:
             check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    check_distinct({"--" + option.replace("_", "-"): getattr(args, option, None)
+                    for option in REPORT_OPTIONS})
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -272,6 +287,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from conformance.shards import parse_shard, shard_cases
 
         settings.shard = parse_shard(args.shard)
+        if settings.shard[1] > len(cases):
+            raise SpecError(f"--shard {args.shard!r}: {settings.shard[1]} shards of "
+                            f"{len(cases)} selected cases; at most one shard per case")
         cases = shard_cases(cases, settings.shard)
     check_sizes(cases, args.max_case_mib)
     baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
@@ -303,31 +321,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for backend in backends:
         for note in backend.notes:
             print(f"{backend.label}: {note}")
-    _write_reports(report, args)
+    written = _write_reports(report, args)
     sys.stdout.flush()
     if report.interrupted:
         return 130
+    if not written:
+        return 2
     return 0 if report.ok else 1
 
 
-def _write_reports(report, args: argparse.Namespace) -> None:
-    for path, writer in ((args.report_json, write_json), (args.junit_xml, write_junit),
-                         (args.summary_md, write_markdown),
-                         (getattr(args, "save_accuracy", None), save_accuracy)):
-        if path:
+REPORT_OPTIONS = ("report_json", "junit_xml", "summary_md", "save_accuracy")
+
+
+def _write_reports(report, args: argparse.Namespace) -> bool:
+    """Write every report asked for; one that cannot be written is an error line, and the
+    others are still written. False when one could not be."""
+    written = True
+    for option, writer in zip(REPORT_OPTIONS, (write_json, write_junit, write_markdown,
+                                               save_accuracy), strict=True):
+        path = getattr(args, option, None)
+        if not path:
+            continue
+        try:
             writer(report, path)
-            print(f"wrote {path}")
+        except OSError as exc:
+            print(f"error: --{option.replace('_', '-')} {str(path)!r} could not be written: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            written = False
+            continue
+        print(f"wrote {path}")
+    return written
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from conformance.shards import merge_reports
 
-    for option in ("report_json", "junit_xml", "summary_md"):
-        if getattr(args, option) is not None:
-            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    _check_run_inputs(args)
     report = merge_reports(args.shards)
     write_terminal(report, sys.stdout)
-    _write_reports(report, args)
+    if not _write_reports(report, args):
+        return 2
     return 0 if report.ok else 1
 
 
@@ -337,13 +370,10 @@ def _job_count(jobs: int) -> int:
 
 def _cmd_html(args: argparse.Namespace) -> int:
     from conformance.html_report import write_html
+    from conformance.summary import load_report
 
     check_output(args.out, "--out")
-    report = read_json(args.report_json, "--report-json")
-    if not isinstance(report, dict) or not str(report.get("schema", "")).startswith(
-            "paged-decode-conformance/report/"):
-        raise SpecError(f"--report-json {str(args.report_json)!r}: not a conformance report "
-                        f"(no 'schema': 'paged-decode-conformance/report/N')")
+    report = load_report(args.report_json)
     bench = read_json(args.bench_json, "--bench-json") if args.bench_json else None
     write_html(report, args.out, bench)
     print(f"wrote {args.out}")
@@ -358,10 +388,17 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from conformance.compare import compare, render
+    from conformance.compare import compare, different_runs, render
     from conformance.summary import load_report
 
-    changes = compare(load_report(args.old), load_report(args.new), args.error_factor)
+    old, new = load_report(args.old), load_report(args.new)
+    if not args.allow_different_runs:
+        mismatch = different_runs(old, new)
+        if mismatch:
+            raise SpecError(f"compare {args.old} {args.new}: the reports did not run the same "
+                            f"thing ({mismatch}), so what one lacks would go unnoticed; pass "
+                            f"--allow-different-runs if that is meant")
+    changes = compare(old, new, args.error_factor)
     print(render(changes), end="")
     return 1 if changes["newly failing"] else 0
 

@@ -41,6 +41,22 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def different_runs(old: dict, new: dict) -> str:
+    """What makes two reports runs of different things (profile, spec, backends, cases), or
+    '' when they ran the same."""
+    for key in ("profile", "spec"):
+        if old.get(key) != new.get(key):
+            return f"{key} {old.get(key)!r} and {new.get(key)!r}"
+    names = [sorted(b["name"] for b in report["backends"]) for report in (old, new)]
+    if names[0] != names[1]:
+        return f"backends {', '.join(names[0])} and {', '.join(names[1])}"
+    cases = [{r["case"] for r in report["results"]} for report in (old, new)]
+    if cases[0] != cases[1]:
+        return (f"{len(cases[0])} and {len(cases[1])} cases, {len(cases[0] ^ cases[1])} in "
+                f"only one of them")
+    return ""
+
+
 def compare(old: dict, new: dict, factor: float = 2.0) -> dict[str, list[Change]]:
     """The changes from ``old`` to ``new``, by kind."""
     before, after = _indexed(old), _indexed(new)

@@ -93,9 +93,13 @@ def load_manifest(backend: str, directory: Path | None = None) -> Manifest:
     if unknown:
         raise ManifestError(f"{path}: unknown top-level key(s) {sorted(unknown)}; entries go in "
                             f"[[expect]] tables")
+    listed = data.get("expect", [])
+    if not isinstance(listed, list) or not all(isinstance(raw, dict) for raw in listed):
+        raise ManifestError(f"{path}: 'expect' must be an array of tables ([[expect]], each "
+                            f"with case, check and reason), got {str(listed)[:80]}")
     lines = _entry_lines(text)
     entries = []
-    for index, raw in enumerate(data.get("expect", [])):
+    for index, raw in enumerate(listed):
         line = lines[index] if index < len(lines) else 0
         where = f"{path}:{line} (entry {index + 1})"
         bad = set(raw) - _KEYS

@@ -19,6 +19,7 @@ from conformance.manifest import ManifestError
 from conformance.parallel import xdist_worker_environment
 from conformance.runner import (
     DEFAULT_CASE_TIMEOUT,
+    MAX_SECONDS,
     BackendRun,
     RunSettings,
     check_families,
@@ -62,6 +63,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
     config.addinivalue_line("markers", "conformance_explore: an explore search of a backend")
     os.environ.update(xdist_worker_environment())  # before anything touches CUDA
+    timeout = config.getoption("case_timeout")
+    if not 0 <= timeout <= MAX_SECONDS:
+        raise pytest.UsageError(f"--case-timeout {timeout:g}: want seconds from 0 to "
+                                f"{MAX_SECONDS} (0: none)")
     session = _session(config)
     try:
         check_families(session.settings.families)

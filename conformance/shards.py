@@ -40,6 +40,7 @@ def shard_cases(cases: list[Case], shard: tuple[int, int]) -> list[Case]:
 
 def merge_reports(paths: list[Path]):
     """The ``RunReport`` a single run would have made, from the shards' JSON reports."""
+    from conformance.checks import CHECK_FAMILIES
     from conformance.runner import Result, RunReport, RunSettings, open_backends
     from conformance.sandbox import Captured
     from conformance.summary import load_report
@@ -62,11 +63,21 @@ def merge_reports(paths: list[Path]):
     manifest_dir = Path(first["expectations_dir"]) if first.get("expectations_dir") else None
     settings = RunSettings(profile=first["profile"],
                            spec_path=None if first["spec"] == "built-in" else first["spec"],
-                           families=tuple(first["families"]), manifest_dir=manifest_dir,
+                           families=tuple(first.get("families", CHECK_FAMILIES)),
+                           manifest_dir=manifest_dir,
                            filtered=any(r.get("selected") for r in reports))
     backends = open_backends([b["target"] for b in first["backends"]], manifest_dir)
     ran = {row["case"] for report in reports for row in report["results"]}
     cases = [c for c in settings.spec().cases(settings.profile) if c.id in ran]
+    unknown = ran - {c.id for c in cases}
+    if unknown:
+        raise InputError(f"shard reports hold case {sorted(unknown)[0]!r}, which profile "
+                         f"{settings.profile} of spec {first['spec']} does not")
+    strangers = {row["backend"] for report in reports for row in report["results"]} - {
+        b.label for b in backends}
+    if strangers:
+        raise InputError(f"shard reports hold results of backend {sorted(strangers)[0]!r}, "
+                         f"which they do not describe")
     order = {case.id: index for index, case in enumerate(cases)}
     rank = {backend.label: index for index, backend in enumerate(backends)}
     rows = sorted((row for report in reports for row in report["results"]),

@@ -26,7 +26,7 @@ from conformance.inputs import read_text
 
 SPEC_PATH = Path(__file__).with_name("spec.toml")
 SCHEMA = 1  # the spec format this code reads
-DEFAULT_MAX_CASE_MIB = 4096  # a case whose arrays would be larger is refused at load
+DEFAULT_MAX_CASE_MIB = 8192  # a case whose arrays would be larger is refused at load
 
 DISTRIBUTIONS = {
     "normal": "q, k, v standard normal",
@@ -102,12 +102,20 @@ class Case:
 
     @property
     def problem_bytes(self) -> int:
-        """About what materialising the case takes: the page pool (K and V, with its spare
-        pages) and the float64 copies the oracle works in."""
+        """About what materialising the case takes: every array it allocates. The page pool
+        (K and V, with its spare pages), the logical keys and values it is drawn from, the
+        query, the outputs and LSEs of the poisoned runs, the block table, and the float64
+        copies the oracle works in (the kept keys and values per query head among them)."""
         pages = sum(-(-n // self.page_size) for n in self.context_lens)
         tokens = (pages + max(2, pages // 2) + 1) * self.page_size
         item = np.dtype(numpy_dtype(self.dtype)).itemsize
-        return 2 * tokens * self.num_kv_heads * self.head_dim * (item + 8)
+        pool = 2 * tokens * self.num_kv_heads * self.head_dim * (item + 8)
+        logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
+        kept = 2 * sum(self.context_lens) * self.num_qo_heads * self.head_dim * 8
+        rows = self.batch * self.num_qo_heads
+        queries = rows * self.head_dim * (8 + item) * 4 + rows * 4 * 4  # q, outs; LSEs
+        table = self.batch * (pages + self.table_padding) * 4
+        return pool + logical + kept + queries + table
 
     @property
     def features(self) -> frozenset[str]:

@@ -7,12 +7,10 @@ generated from runs, not typed. Reports may be gzipped.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from pathlib import Path
 
-from conformance.inputs import InputError, read_json
+from conformance.inputs import InputError, read_saved
 from conformance.status import FAILING, Status
 
 COLUMNS = ("backend", "machine", "profile", "cases claimed", Status.PASSED, "known failure",
@@ -20,18 +18,8 @@ COLUMNS = ("backend", "machine", "profile", "cases claimed", Status.PASSED, "kno
 
 
 def load_report(path: str | Path) -> dict:
-    path = Path(path)
-    if path.suffix == ".gz":
-        try:
-            data = json.loads(gzip.decompress(path.read_bytes()))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"report {str(path)!r}: not a gzipped JSON report ({exc})") from None
-    else:
-        data = read_json(path, "report")
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
-            "paged-decode-conformance/report/"):
-        raise InputError(f"report {str(path)!r}: not a conformance report")
-    return data
+    """A saved JSON report (``.json`` or ``.json.gz``), validated against its schema."""
+    return read_saved(path, "report", "report")
 
 
 def findings(report: dict, backend: str) -> list[str]:

@@ -268,7 +268,7 @@ def test_bad_options_are_refused_up_front_with_exit_2(args, what):
 @pytest.mark.parametrize("entry,what", [
     ("sm_scale = nan", "field 'sm_scale' must be a finite positive number, got nan"),
     ("sm_scale = inf", "got inf"),
-    ("context_lens = [1000000000]", "over the cap of 4096 MiB"),
+    ("context_lens = [1000000000]", "over the cap of 8192 MiB"),
 ])
 def test_bad_spec_values_are_refused_before_any_backend_runs(tmp_path, entry, what):
     spec = tmp_path / "spec.toml"
