@@ -232,8 +232,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
-    for name in sorted(known_backends()):
-        backend = open_backend(name)
+    for backend in open_backends(sorted(known_backends())):
+        name = backend.target
         state = "available" if backend.reason is None else f"unavailable: {backend.reason}"
         print(f"{name}: {state}")
         if backend.declared.description:

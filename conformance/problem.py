@@ -11,7 +11,6 @@ failure of every check.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, replace
 
@@ -211,10 +210,3 @@ def poisoned_outputs(problem: Problem, poison: float) -> tuple[np.ndarray, np.nd
     out = np.full(problem.q.shape, poison, dtype=problem.dtype)
     lse = np.full(problem.q.shape[:2], poison, dtype=np.float32)
     return out, lse
-
-
-def fingerprint(arrays: dict[str, np.ndarray]) -> dict[str, str]:
-    """A digest per array (shape, dtype and bytes), to show that a call left its inputs alone."""
-    return {name: hashlib.blake2b(repr((a.shape, a.dtype.str)).encode() + np.ascontiguousarray(a)
-                                  .tobytes(), digest_size=16).hexdigest()
-            for name, a in arrays.items()}

@@ -20,8 +20,8 @@ from conformance.sandbox import (
     Captured,
     InProcessBackend,
     IsolatedBackend,
+    Probe,
     describe_exception,
-    probe,
 )
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
 from conformance.status import FAILING, Status
@@ -114,15 +114,28 @@ def open_backend(name: str, manifest_dir: Path | None = None, isolated: bool = T
                  load_timeout: float | None = DEFAULT_CASE_TIMEOUT) -> BackendRun:
     """Read a backend's declaration: in a worker (its import and availability check under the
     same isolation and timeout as its calls), or here with ``isolated=False``."""
-    declared = probe(name, load_timeout) if isolated else describe_target(name)
-    return BackendRun(declared.name, name, declared, load_manifest(declared.name, manifest_dir))
+    return open_backends([name], manifest_dir, isolated, load_timeout)[0]
 
 
 def open_backends(names: Iterable[str], manifest_dir: Path | None = None,
                   isolated: bool = True,
                   load_timeout: float | None = DEFAULT_CASE_TIMEOUT) -> list[BackendRun]:
-    """Open several backends; two that would be reported under one name are refused."""
-    opened = [open_backend(name, manifest_dir, isolated, load_timeout) for name in names]
+    """Open several backends, loading side by side; two that would be reported under one name
+    are refused."""
+    names = list(names)
+    if isolated:
+        probes = [Probe(name, load_timeout) for name in names]
+        declared = []
+        try:
+            for loading in probes:
+                declared.append(loading.result())
+        finally:
+            for loading in probes[len(declared) + 1:]:
+                loading.worker.end()
+    else:
+        declared = [describe_target(name) for name in names]
+    opened = [BackendRun(d.name, name, d, load_manifest(d.name, manifest_dir))
+              for name, d in zip(names, declared, strict=True)]
     seen: dict[str, str] = {}
     for backend in opened:
         if backend.label in seen:

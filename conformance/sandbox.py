@@ -520,30 +520,45 @@ class IsolatedBackend(BackendHandle):
         raise BackendError(why)
 
 
-def probe(target: str, timeout: float | None) -> Declared:
-    """Import a backend in a worker and read its declaration there, within ``timeout``.
+class Probe:
+    """Loading a backend in a worker of its own: started at once, read with ``result``, so
+    that several backends load side by side (each importing torch, say, takes seconds).
 
     A backend that fails to import is refused (``UnknownBackendError``, a one-line error); one
     whose import or availability check kills or hangs its worker is unavailable, with why."""
-    worker = Worker()
-    deadline = time.monotonic() + timeout if timeout else None
-    try:
-        worker.send(("describe", target), deadline)
-        reply = worker.receive(deadline)
-    except (OSError, PeerGoneError):
-        return Declared.unloadable(target, "loading it: " + worker.death("loading the backend"))
-    except WireError as exc:
-        worker.end()
-        return Declared.unloadable(target, f"loading it broke the protocol: {exc}")
-    if reply is None:
-        worker.end()
-        return Declared.unloadable(target, f"loading it timed out after {timeout:g} s (its "
-                                           f"import or availability check); it was killed")
-    worker.close()
-    kind, value, _ = reply
-    if kind != "ok":
-        raise UnknownBackendError(str(value))
-    return Declared.from_data(value, target)
+
+    def __init__(self, target: str, timeout: float | None):
+        self.target, self.timeout = target, timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.worker = Worker()
+        self.sent: OSError | None = None
+        try:
+            self.worker.send(("describe", target), self.deadline)
+        except OSError as exc:
+            self.sent = exc
+
+    def result(self) -> Declared:
+        worker, target = self.worker, self.target
+        try:
+            if self.sent is not None:
+                raise self.sent
+            reply = worker.receive(self.deadline)
+        except (OSError, PeerGoneError):
+            return Declared.unloadable(target, "loading it: " + worker.death("loading the "
+                                                                            "backend"))
+        except WireError as exc:
+            worker.end()
+            return Declared.unloadable(target, f"loading it broke the protocol: {exc}")
+        if reply is None:
+            worker.end()
+            return Declared.unloadable(target, f"loading it timed out after {self.timeout:g} s "
+                                               f"(its import or availability check); it was "
+                                               f"killed")
+        worker.close()
+        kind, value, _ = reply
+        if kind != "ok":
+            raise UnknownBackendError(str(value))
+        return Declared.from_data(value, target)
 
 
 class _OutputReader:

@@ -22,7 +22,7 @@ Add a backend in ten minutes:
    Convert to your kernel's layout here (that part is not timed), run the kernel, and write
    the results into ``out`` (batch, num_qo_heads, head_dim) in the query dtype and ``lse``
    (batch, num_qo_heads) float32, natural log. Both arrive poisoned: write every element.
-   Do not modify the problem's arrays; the suite fingerprints them.
+   Do not modify the problem's arrays; the suite compares them with its own copies.
 3. Declare ``capabilities`` honestly: what you leave out is reported unsupported, with the
    reason; what you claim and fail is a failure.
 4. If your kernel reports LSE in base 2 or uses a finite "empty" LSE, say so in

@@ -296,7 +296,7 @@ def test_html_refuses_a_file_that_is_not_a_report(tmp_path):
     assert result.returncode == 2 and "not valid JSON" in result.stderr
     (tmp_path / "x.json").write_text("[1, 2]")
     result = cli("html", "--report-json", tmp_path / "x.json", "--out", tmp_path / "r.html")
-    assert result.returncode == 2 and "not a conformance report" in result.stderr
+    assert result.returncode == 2 and "not a report file of this suite" in result.stderr
     assert not (tmp_path / "r.html").exists()
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from conformance.problem import POISONS, fingerprint, logical_kv, materialise, poisoned_outputs
+from conformance.problem import POISONS, logical_kv, materialise, poisoned_outputs
 from conformance.spec import Case, default_spec
 from references import kept_tokens
 
@@ -119,11 +119,7 @@ def test_very_negative_and_large_scores_have_the_stated_magnitude():
             assert np.abs(scores).max() > 3e3
 
 
-def test_poisoned_outputs_and_fingerprints():
+def test_poisoned_outputs():
     problem = materialise(make_case())
     out, lse = poisoned_outputs(problem, POISONS[1])
     assert out.dtype == problem.dtype and (out == POISONS[1]).all() and (lse == POISONS[1]).all()
-    before = fingerprint(problem.arrays())
-    problem.q[0, 0, 0] += 1
-    after = fingerprint(problem.arrays())
-    assert [k for k in before if before[k] != after[k]] == ["q"]

@@ -71,8 +71,8 @@ class Run:
 class Trial:
     """Everything the checks of one backend on one case share, computed at most once.
 
-    The backend is reached only through its handle, which hands it copies: the problem, the
-    oracle and the fingerprints here are never seen by the code under test."""
+    The backend is reached only through its handle, which hands it copies: the problem and
+    the oracle here are never seen by the code under test."""
 
     def __init__(self, backend: BackendHandle, case: Case):
         self.backend = backend

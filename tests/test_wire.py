@@ -1,0 +1,82 @@
+"""The channel's two encodings: the harness's arrays in shared memory, compared byte for byte
+after the call; the worker's replies as validated plain data, never code."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conformance.problem import materialise
+from conformance.wire import (
+    HEADER,
+    WireError,
+    decode_reply,
+    encode_reply,
+    pack_message,
+    unpack_message,
+)
+from tests.test_problem import make_case
+
+
+def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen():
+    problem = materialise(make_case())
+    out = np.full(problem.q.shape, np.nan, dtype=problem.dtype)  # NaN equals itself by bytes
+    payload, segment = pack_message(("call", "decode", (problem, out)))
+    fd = segment.fd
+    segment.fd = -1  # handed over: the worker's side closes it
+    _, _, (theirs, their_out) = unpack_message(payload, fd)
+    assert np.array_equal(theirs.k_pages, problem.k_pages) and theirs.sm_scale == problem.sm_scale
+    index = {id(a): i for i, a in enumerate(segment.originals)}
+    assert not any(segment.changed(i) for i in range(len(segment.originals)))
+    their_out[0, 0, 0] = 1.0  # what the backend writes, the harness reads
+    theirs.context_lens[0] += 1  # and what it scribbles on, the harness sees
+    assert segment.views[index[id(out)]][0, 0, 0] == 1.0
+    changed = {name for name, a in problem.arrays().items() if segment.changed(index[id(a)])}
+    assert changed == {"context_lens"}
+
+
+@pytest.mark.parametrize("value", [
+    None, "text", 3, -2.5, float("-inf"), [1, "a", None], {"k": [True, False]},
+    {"out": np.arange(6, dtype=np.float32).reshape(2, 3),
+     "lse": np.ones((2,), dtype=ml_dtypes.bfloat16)},
+])
+def test_plain_data_round_trips(value):
+    back = decode_reply(encode_reply(value))
+    if isinstance(value, dict) and "out" in value:
+        assert back["out"].dtype == np.float32 and np.array_equal(back["out"], value["out"])
+        assert back["lse"].dtype == np.dtype(ml_dtypes.bfloat16)
+    else:
+        assert json.dumps(back) == json.dumps(value)
+
+
+def test_a_reply_cannot_carry_objects():
+    with pytest.raises(TypeError, match="cannot carry"):
+        encode_reply({"state": object()})
+    with pytest.raises(TypeError, match="dtype object"):
+        encode_reply(np.array([object()]))
+
+
+def frame(header: dict, body: bytes = b"") -> bytes:
+    text = json.dumps(header).encode()
+    return HEADER.pack(len(text)) + text + body
+
+
+@pytest.mark.parametrize("payload,what", [
+    (pickle.dumps(("ok", None)), "not a data frame"),
+    (frame({"value": 1}), "not {value, sizes}"),
+    (frame({"value": {"__array__": 0, "dtype": "object", "shape": [1]}, "sizes": [8]},
+           b"\0" * 8), "dtype 'object'"),
+    (frame({"value": {"__array__": 0, "dtype": "float32", "shape": [4]}, "sizes": [8]},
+           b"\0" * 8), "carries 8 bytes"),
+    (frame({"value": None, "sizes": [100]}, b"\0" * 8), "announces 100 bytes"),
+    (frame({"value": {"__array__": 5, "dtype": "float32", "shape": [1]}, "sizes": [4]},
+           b"\0" * 4), "malformed array"),
+])
+def test_a_reply_that_is_not_plain_data_is_refused(payload, what):
+    with pytest.raises(WireError, match=what.replace("{", r"\{").replace("}", r"\}")
+                       .replace("(", r"\(")):
+        decode_reply(payload)
