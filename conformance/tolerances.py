@@ -74,22 +74,34 @@ def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf)
     return float((diff / np.maximum(1.0, np.abs(want[live]))).max())
 
 
-def score_rounding(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float
-                   ) -> np.ndarray:
-    """``(batch, num_qo_heads)``: how far float32 arithmetic alone may move a row's scores,
-    ``ROUNDING_MARGIN * sqrt(d) * u * max_j sum_i |q_i k_ji| * sm_scale``.
+def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float
+                 ) -> list[np.ndarray]:
+    """Per row, ``(num_qo_heads, n)``: how far float32 arithmetic alone may move each scaled
+    score. Two parts: the dot product's accumulation,
+    ``ROUNDING_MARGIN * sqrt(d) * u * sum_i |q_i k_ji| * sm_scale``, and holding the score in
+    float32 (one spacing at its size).
 
-    The ratio rule's low-precision oracle can be lucky in its summation order where a kernel
-    is not (scores of ~1e4 from terms of ~1e6 at head_dim 144, found by ``explore``); this is
-    the rounding any float32 dot product is entitled to, and ``lse_rounding`` turns it into a
-    floor for the LSE.
+    One model for both floors (``lse_rounding``, ``output_rounding``). The ratio rule's
+    low-precision oracle can be lucky in its summation order where a kernel is not: scores of
+    ~1e4 from terms of ~1e6 at head_dim 144, and scores of ~-1e5 at head_dim 16 where the
+    accumulation moves a score by 12 spacings (both found by ``explore``).
     """
     d = q.shape[-1]
-    bound = np.zeros(q.shape[:2])
+    errors = []
     for b, keys in enumerate(keys_per_row):  # keys: (n, num_qo_heads, d), per query head
-        if keys.shape[0]:
-            magnitude = np.einsum("hd,nhd->hn", np.abs(q[b]), np.abs(keys)).max(axis=1)
-            bound[b] = ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude * sm_scale
+        magnitude = np.einsum("hd,nhd->hn", np.abs(q[b]), np.abs(keys)) * sm_scale
+        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+        held = np.spacing(np.abs(scores).astype(np.float32)).astype(np.float64)
+        errors.append(ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude + held)
+    return errors
+
+
+def score_rounding(errors: list[np.ndarray], num_qo_heads: int) -> np.ndarray:
+    """``(batch, num_qo_heads)``: the largest score error of each row (0 for an empty row)."""
+    bound = np.zeros((len(errors), num_qo_heads))
+    for b, row in enumerate(errors):
+        if row.shape[1]:
+            bound[b] = row.max(axis=1)
     return bound
 
 
@@ -102,15 +114,14 @@ def lse_rounding(score_error: np.ndarray, lse: np.ndarray) -> float:
     return float((score_error[live] / np.maximum(1.0, np.abs(lse[live]))).max())
 
 
-def output_rounding(q: np.ndarray, keys_per_row: list[np.ndarray],
+def output_rounding(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[np.ndarray],
                     values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray,
                     dtype: type) -> float:
-    """The output floor, in the measure of ``output_error``: what holding each score in
-    float32 alone (one spacing at its size, however exact the sum) may move the output, to
-    first order: ``sum_j w_j spacing(s_j) max_d |v_jd - out_d|``. Negligible for ordinary
-    scores; where scores are ~1e5 apart from one another by O(1) (``very-negative``) it is the
-    accuracy no float32 kernel can beat (the ratio rule's float32 oracle can be lucky there:
-    found by ``explore``)."""
+    """The output floor, in the measure of ``output_error``: what the score errors
+    (``score_errors``) alone may move the output, to first order:
+    ``sum_j w_j err_j max_d |v_jd - out_d|``. Negligible for ordinary scores; where scores are
+    ~1e5 apart from one another by O(1) (``very-negative``) it is the accuracy no float32
+    kernel can beat."""
     worst = 0.0
     for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
         if keys.shape[0] == 0:
@@ -118,9 +129,8 @@ def output_rounding(q: np.ndarray, keys_per_row: list[np.ndarray],
         scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
         weights = np.exp(scores - scores.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
-        spacing = np.spacing(np.abs(scores).astype(np.float32)).astype(np.float64)
         spread = np.abs(values - out[b][None]).max(axis=2).T  # (heads, n)
-        worst = max(worst, float((weights * spacing * spread).sum(axis=1).max()))
+        worst = max(worst, float((weights * errors[b] * spread).sum(axis=1).max()))
     scale = float(np.abs(out).max(initial=0.0)) or 1.0
     # and the output itself is stored in the case's dtype: half a spacing at its size
     stored = float((np.spacing(np.abs(out).astype(dtype)).astype(np.float64) / 2).max(initial=0))

@@ -4,6 +4,7 @@ nothing on correct backends."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -51,6 +52,44 @@ def test_explore_finds_each_shape_only_bug_and_shrinks_it(bug, field, value):
 def test_correct_backends_give_explore_nothing_to_report(backend):
     state = run_explore(backend, 250, seed=7)
     assert state.examples >= 200
+    assert not state.findings, {c: f.case.id + ": " + f.result.message
+                                for c, f in state.findings.items()}
+
+
+FOUND_BY_EXPLORE = """schema = 1
+[profiles.found]
+doc = "cases explore drew that a correct kernel failed"
+[[family]]
+name = "explore"
+doc = "scores of ~-1e5 at head_dim 16, each moved ~12 spacings by its dot product's sum"
+profiles = ["found"]
+[family.set]
+num_qo_heads = 1
+num_kv_heads = 1
+head_dim = 16
+page_size = 44
+context_lens = [235, 1, 347]
+distribution = "very-negative"
+dtypes = ["float32"]
+"""
+
+
+def test_the_case_explore_found_failing_a_correct_kernel_passes(tmp_path):
+    spec = tmp_path / "found.toml"
+    spec.write_text(FOUND_BY_EXPLORE)
+    result = cli("run", "--backend", "numpy", "--spec", spec, "--profile", "found")
+    assert result.returncode == 0, result.stdout[-2000:]
+
+
+# The standing no-false-positive search: a few hundred examples here, thousands with
+# CONFORMANCE_EXPLORE_EXAMPLES (docs/explore.md has the last long run's figures).
+STANDING = int(os.environ.get("CONFORMANCE_EXPLORE_EXAMPLES", "100"))
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_explore_finds_nothing_on_the_numpy_backend(seed):
+    state = run_explore("numpy", STANDING, seed=seed)
+    assert state.examples >= STANDING * 0.8
     assert not state.findings, {c: f.case.id + ": " + f.result.message
                                 for c, f in state.findings.items()}
 

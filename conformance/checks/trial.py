@@ -35,6 +35,7 @@ from conformance.tolerances import (
     lse_rounding,
     output_error,
     output_rounding,
+    score_errors,
     score_rounding,
     table_budget,
 )
@@ -100,16 +101,16 @@ class Trial:
         # one lucky summation order (found by explore at scores of ~-1e5)
         reordered_out, _ = reference_of(reversed_dims(self.problem), numpy_dtype(self.case.dtype))
         keys, values = self.kept_kv()
+        q = self.problem.q.astype(np.float64)
+        errors = score_errors(q, keys, self.problem.sm_scale)
         ratio_out = RATIO * max(output_error(low_out, ref_out),
                                 output_error(reordered_out[..., ::-1], ref_out))
         ratio_out = max(ratio_out if math.isfinite(ratio_out) else 0.0,  # inf: it overflowed
-                        output_rounding(self.problem.q.astype(np.float64), keys, values,
-                                        self.problem.sm_scale, ref_out,
-                                        numpy_dtype(self.case.dtype)))
+                        output_rounding(errors, q, keys, values, self.problem.sm_scale,
+                                        ref_out, numpy_dtype(self.case.dtype)))
         ratio_lse = RATIO * lse_error(low_lse, ref_lse)  # inf where that oracle overflowed
         ratio_lse = max(ratio_lse if math.isfinite(ratio_lse) else 0.0,
-                        lse_rounding(score_rounding(self.problem.q.astype(np.float64), keys,
-                                                    self.problem.sm_scale), ref_lse))
+                        lse_rounding(score_rounding(errors, q.shape[1]), ref_lse))
         return Budget(table, ratio_out), Budget(table, ratio_lse)
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
