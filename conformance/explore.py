@@ -76,6 +76,12 @@ def spec_entry(name: str, case: Case, doc: str) -> str:
         fields["sinks"] = case.sinks
     if case.sm_scale is not None:
         fields["sm_scale"] = case.sm_scale
+    for optional in ("num_splits", "shared_pages"):
+        if getattr(case, optional):
+            fields[optional] = getattr(case, optional)
+    if case.table_padding != Case.table_padding:
+        fields["table_padding"] = case.table_padding
+    fields["seed"] = case.seed  # the values drawn, whatever the entry is named
     fields["dtypes"] = [case.dtype]
 
     def toml(value: object) -> str:
@@ -96,7 +102,7 @@ def as_listed(case: Case, name: str) -> Case:
     """The case as the saved spec entry will expand it (its family is the entry's name)."""
     from dataclasses import replace
 
-    return replace(case, family=name)
+    return replace(case, family=name, fixed_seed=case.seed)
 
 
 def save_spec(path: Path, entries: list[str]) -> None:
@@ -240,7 +246,7 @@ def explore_command(args: argparse.Namespace) -> int:
     for number, finding in enumerate(state.findings.values(), start=1):
         name = f"explore-{backend.label}-{finding.check.replace('/', '-')}-{number}"
         entry = finding.spec_entry(name)
-        case_id = finding.case.id.replace("explore/", f"{name}/", 1)
+        case_id = as_listed(finding.case, name).id
         spec = args.save_spec or "regressions.toml"
         rerun = (f"python -m conformance run --backend {args.backend} --spec {spec} --profile "
                  f"{REGRESSION_PROFILE} --case '{case_id}'")

@@ -61,6 +61,7 @@ class Case:
     shared_pages: int = 0
     table_padding: int = 3
     tag: str = ""
+    fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
 
     @property
@@ -82,11 +83,15 @@ class Case:
             detail += f"-shared{self.shared_pages}"
         if self.table_padding != Case.table_padding:
             detail += f"-pad{self.table_padding}"
+        if self.fixed_seed is not None:
+            detail += f"-seed{self.fixed_seed}"
         return "/".join(part for part in (self.family, self.tag, shape, detail) if part)
 
     @property
     def seed(self) -> int:
-        return zlib.crc32(self.id.encode())
+        """Where the values and the layout are drawn from: the spec's ``seed`` if it gives
+        one (a saved explore finding replays what was drawn), else the id's checksum."""
+        return self.fixed_seed if self.fixed_seed is not None else zlib.crc32(self.id.encode())
 
     @property
     def batch(self) -> int:
@@ -159,8 +164,9 @@ class Spec:
 
 # Fields a family's `set`, `grid` and `variants` may give, with their types.
 _INT_FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "window", "sinks",
-               "num_splits", "shared_pages", "table_padding")
-_CASE_FIELDS = {f.name for f in fields(Case)} - {"family", "batch_label", "dtype"}
+               "num_splits", "shared_pages", "table_padding", "seed")
+_CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtype",
+                                                   "fixed_seed"}) | {"seed"}
 _FIELD_NAMES = sorted(_CASE_FIELDS | {"dtypes"})
 _FAMILY_KEYS = {"name", "doc", "profiles", "set", "grid", "variants"}
 
@@ -201,6 +207,8 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
     for name, value in values.items():
         if name == "context_lens":
             kwargs["context_lens"], kwargs["batch_label"] = _context_lens(where, value)
+        elif name == "seed":
+            kwargs["fixed_seed"] = _int(where, name, value, 0)
         elif name in _INT_FIELDS:
             kwargs[name] = _int(where, name, value, 0 if name in ("sinks", "shared_pages",
                                                                   "table_padding") else 1)

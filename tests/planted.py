@@ -420,6 +420,23 @@ class HeadDimTailIgnored(NumpySplitK):
         return super().split_state(problem, b, q, start, end, context_len)
 
 
+class DropsTokenOnPositiveKey(NumpySplitK):
+    """Drops a row's last token when that token's key starts positive: a bug the drawn values
+    trigger, not the shape, so a saved finding replays only if its values are drawn again."""
+
+    name = "bug-data-dependent"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        lens = problem.context_lens.copy()
+        for b, n in enumerate(problem.context_lens.tolist()):
+            if n > 1:
+                page = problem.block_table[b, (n - 1) // problem.page_size]
+                if problem.k_pages[page, (n - 1) % problem.page_size, 0, 0] > 0:
+                    lens[b] = n - 1
+        super().decode(replace(problem, context_lens=lens), out, lse,
+                       num_splits=num_splits)
+
+
 class OddKvHeadRemainder(NumpySplitK):
     """Walks KV heads in pairs; with an odd count above one, the query heads of the last KV
     head read KV head 0 (the spec lists 1, 2, 4, 8 and 32 KV heads)."""

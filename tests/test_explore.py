@@ -120,6 +120,24 @@ def test_a_saved_regression_spec_replays_the_failure_through_run(tmp_path):
     assert clean.returncode == 0, clean.stdout[-2000:]
 
 
+def test_saved_findings_of_a_bug_the_values_trigger_replay_every_one(tmp_path):
+    spec, report = tmp_path / "regressions.toml", tmp_path / "explore.json"
+    found = cli("explore", "--backend", "tests.planted:DropsTokenOnPositiveKey",
+                "--max-examples", "200", "--checks", "oracle", "--save-spec", spec,
+                "--report-json", report)
+    assert found.returncode == 1, found.stdout[-2000:] + found.stderr[-2000:]
+    findings = json.loads(report.read_text())["findings"]
+    assert findings and "seed = " in spec.read_text()
+    replay = cli("run", "--backend", "tests.planted:DropsTokenOnPositiveKey", "--spec", spec,
+                 "--profile", "regressions", "--check", "oracle", "--report-json",
+                 tmp_path / "replay.json")
+    failed = {(r["case"].split("/")[0], r["check"]) for r in json.loads(
+        (tmp_path / "replay.json").read_text())["results"] if r["status"] == "failed"}
+    wanted = {(f"explore-bug-data-dependent-{f['check'].replace('/', '-')}-{n}", f["check"])
+              for n, f in enumerate(findings, start=1)}
+    assert wanted <= failed, (wanted, failed, replay.stdout[-2000:])
+
+
 def test_explore_refuses_bad_input_with_exit_2(tmp_path):
     result = cli("explore", "--backend", "numpy", "--max-examples", "0")
     assert result.returncode == 2
