@@ -57,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--explore-seed", type=int, default=0, help="explore's seed (default 0)")
     group.addoption("--in-process", action="store_true",
                     help="call the backend in the pytest process (to debug it): no isolation")
+    group.addoption("--allow-empty", action="store_true",
+                    help="skip, not fail, the tests of a backend that is unavailable or "
+                         "claims none of the selected cases")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,8 +91,30 @@ class ConformanceSession:
                                     isolated=not config.getoption("in_process"),
                                     case_timeout=config.getoption("case_timeout"))
         self.backend_names = config.getoption("backend") or [DEFAULT_BACKEND]
+        self.allow_empty = config.getoption("allow_empty")
         self._backends: dict[str, BackendRun] = {}
         self._trial: tuple[tuple[str, str], Trial] | None = None
+        self.selected: dict[str, list[Case]] = {}  # backend name -> the cases its tests run
+        self._claims: dict[str, str] = {}  # backend name -> '' or why it claims none of them
+
+    def claims_nothing(self, name: str) -> str:
+        """Why the backend's selected tests judge nothing (unavailable, or it claims none of
+        their cases), or '' when it claims some: then an unsupported case is a skip."""
+        if name not in self._claims:
+            backend = self.backend(name)
+            if backend.reason:
+                why = f"backend {backend.label} is unavailable here: {backend.reason}"
+            else:
+                handle = backend.connect(self.settings.isolated)
+                cases = self.selected.get(name, [])
+                claimed = any(handle.unsupported_reason(case) is None for case in cases)
+                claims = backend.capabilities.describe()
+                why = "" if claimed else (
+                    f"backend {backend.label} claims none of the {len(cases)} selected cases: "
+                    f"it claims dtypes {claims['dtypes']}, head_dims {claims['head_dims']}, "
+                    f"page_sizes {claims['page_sizes']}, features {claims['features']}")
+            self._claims[name] = why
+        return self._claims[name]
 
     def backend(self, name: str) -> BackendRun:
         if name not in self._backends:
@@ -163,6 +188,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = selected
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they do
+def pytest_collection_finish(session: pytest.Session) -> None:
+    conformance = _session(session.config)
+    for item in session.items:
+        params = getattr(item, "callspec", None)
+        if params is not None and "conformance_item" in params.params:
+            name, case, _ = params.params["conformance_item"]
+            cases = conformance.selected.setdefault(name, [])
+            if not cases or cases[-1] is not case:
+                cases.append(case)
+
+
 @pytest.fixture
 def conformance_session(request: pytest.FixtureRequest) -> ConformanceSession:
     return _session(request.config)
@@ -188,6 +225,9 @@ def check_item(session: ConformanceSession, name: str, case: Case, family: str,
         pytest.fail("\n".join(lines) + f"\nrerun: {failing[0].reproducer}", pytrace=False)
     statuses = {r.status for r in results}
     if statuses == {Status.UNSUPPORTED}:
+        empty = session.claims_nothing(name)
+        if empty and not session.allow_empty:  # nothing judged is no pass (as in the CLI)
+            pytest.fail(f"{empty}; pass --allow-empty if that is meant", pytrace=False)
         pytest.skip(f"unsupported: {results[0].message}")
     known = [r for r in results if r.status == Status.KNOWN_FAILURE]
     if known and Status.PASSED not in statuses:
@@ -203,6 +243,9 @@ def explore_item(session: ConformanceSession, name: str, config: pytest.Config) 
 
     backend = session.backend(name)
     if backend.reason:
+        if not session.allow_empty:
+            pytest.fail(f"backend {backend.label} is unavailable here: {backend.reason}; pass "
+                        f"--allow-empty if that is meant", pytrace=False)
         pytest.skip(f"unsupported: backend unavailable: {backend.reason}")
     state = explore(backend, session.settings, config.getoption("explore"),
                     seed=config.getoption("explore_seed"))

@@ -39,10 +39,36 @@ def test_unsupported_cases_are_skipped_with_the_capability_as_reason(tmp_path):
     # only the conformance template: a test module skipped for a missing package (Triton in
     # `tox -e tests`) would add a skip of its own at collection
     result, counts = pytest_run("conformance/test_conformance.py", "--backend",
-                                f"{skeleton}:SkBackend", "--profile", "smoke", "-rs")
+                                f"{skeleton}:SkBackend", "--profile", "smoke", "-rs",
+                                "--allow-empty")
     assert result.returncode == 0
     assert counts["skipped"] == 16 * 6 and "passed" not in counts
     assert "unsupported: skeleton: declare capabilities" in result.stdout
+
+
+def test_a_backend_that_judges_nothing_fails_the_run_unless_allowed(tmp_path):
+    # nothing judged is no pass: an unavailable backend, or one claiming none of the selected
+    # cases, fails as the CLI refuses it; a backend claiming some still skips the rest
+    skeleton = tmp_path / "sk.py"
+    subprocess.run([sys.executable, "-m", "conformance", "new-backend", "sk", "--out",
+                    str(skeleton)], cwd=ROOT, check=True, capture_output=True)
+    for backend, why in ((f"{skeleton}:SkBackend", "claims none of the 16 selected cases"),
+                         ("flashinfer", "is unavailable here")):
+        result, counts = pytest_run("conformance/test_conformance.py", "--backend", backend,
+                                    "--profile", "smoke")
+        assert result.returncode == 1 and why in result.stdout, result.stdout[-2000:]
+        assert counts["failed"] == 16 * 6 and "skipped" not in counts
+    narrow = tmp_path / "narrow.py"
+    narrow.write_text("from backends.base import Capabilities\n"
+                      "from backends.numpy_splitk import NumpySplitK\n\n"
+                      "class Narrow(NumpySplitK):\n    name = 'narrow'\n"
+                      "    capabilities = Capabilities(dtypes={'float32'}, features={'lse'})\n")
+    result, counts = pytest_run("conformance/test_conformance.py", "--backend",
+                                f"{narrow}:Narrow", "--profile", "smoke", "-k", "sinks/")
+    assert result.returncode == 1 and "claims none of the 3 selected cases" in result.stdout
+    result, counts = pytest_run("conformance/test_conformance.py", "--backend",
+                                f"{narrow}:Narrow", "--profile", "smoke", "-k", "empty-context")
+    assert result.returncode == 0 and counts["passed"] > 0, result.stdout[-2000:]
 
 
 def test_known_failures_are_xfailed(tmp_path):
