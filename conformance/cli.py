@@ -178,8 +178,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="append each shrunk failure to this regression spec")
     exploring.add_argument("--report-json", type=Path, help="write the findings here")
     exploring.add_argument("--database", type=Path, default=None,
-                           help="Hypothesis example database: failures found before are "
-                                "replayed first (default .hypothesis/conformance/)")
+                           help="a folder that keeps each backend's findings: they are "
+                                "replayed first next time, and kept while they fail (default: "
+                                "none, nothing is written)")
 
     drawing = command("html", _cmd_html, "an HTML report with plots from saved JSON reports")
     drawing.add_argument("--report-json", type=Path, required=True)

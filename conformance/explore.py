@@ -3,16 +3,23 @@
 Hypothesis draws cases (``conformance.strategies``), the same check families as ``run``
 judge each one through the same isolated worker, and a failure is raised as an exception
 named for the sub-check it failed, so Hypothesis shrinks each distinct failure to the
-smallest case that still fails *that* check. Failures found before are replayed first from
-Hypothesis's example database (``.hypothesis/conformance/`` by default).
+smallest case that still fails *that* check.
+
+With a database folder (``--database DIR``) the findings of earlier searches of the backend
+(``DIR/<backend>.toml``, a regression spec) are replayed first and kept while they fail; the
+search then looks for others. Hypothesis's own database stays off: every search is seeded
+(the same seed draws the same cases), and a seeded search saves nothing. Hypothesis's caches go
+to ``DIR/hypothesis``, or to a temporary folder: nothing is written to the current folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +27,6 @@ from conformance.runner import BackendRun, Result, RunSettings, evaluate_case
 from conformance.spec import Case
 from conformance.status import BROKEN
 
-DEFAULT_DATABASE = Path(".hypothesis") / "conformance"
 REGRESSION_PROFILE = "regressions"
 
 
@@ -63,6 +69,24 @@ class Exploration:
     findings: dict[str, Finding] = field(default_factory=dict)
     stopped_early: bool = False
     rounds: int = 0
+    replayed: int = 0  # saved findings replayed from the database
+    still_failing: int = 0  # of those, how many fail again
+
+
+@contextlib.contextmanager
+def hypothesis_home(database: Path | None) -> Iterator[None]:
+    """Hypothesis keeps caches in ``.hypothesis/`` of the current folder unless told: the
+    database folder, or a temporary one."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    with contextlib.ExitStack() as stack:
+        home = database / "hypothesis" if database else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="conformance-hypothesis-")))
+        set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(None)
 
 
 def spec_entry(name: str, case: Case, doc: str) -> str:
@@ -119,7 +143,7 @@ def save_spec(path: Path, entries: list[str]) -> None:
 
 def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
             time_budget: float | None = None, seed: int = 0,
-            database: Path | None = DEFAULT_DATABASE, cost_cap: int | None = None,
+            database: Path | None = None, cost_cap: int | None = None,
             progress: Callable[[Exploration, float | None], None] | None = None,
             observe: Callable[[Case], None] | None = None,
             clock: Callable[[], float] = time.monotonic) -> Exploration:
@@ -129,7 +153,6 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     from hypothesis import HealthCheck, Phase, given
     from hypothesis import seed as hyp_seed
     from hypothesis import settings as hyp_settings
-    from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.errors import Flaky
 
     from conformance.strategies import CPU_COST_CAP, GPU_COST_CAP, cases
@@ -148,12 +171,14 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     # Hypothesis stops generating at the first failure; to go on searching, each later
     # round (seed + round) treats the checks found failing so far as passing, until a round
     # finds nothing new or the examples or the time run out.
-    db = DirectoryBasedExampleDatabase(str(database / backend.label)) if database else None
     strategy = cases(backend.capabilities, cap)
+    saved = database / f"{backend.label}.toml" if database else None
+    if saved is not None and saved.exists():
+        replay_saved(saved, backend, settings, state)
 
     def search(round_seed: int, examples: int, known: frozenset[str]) -> None:
         @hyp_seed(round_seed)
-        @hyp_settings(max_examples=examples, deadline=None, derandomize=False, database=db,
+        @hyp_settings(max_examples=examples, deadline=None, derandomize=False, database=None,
                       suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
                       phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
                       print_blob=False)
@@ -186,18 +211,51 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
             pass
 
     try:
-        for round_number in range(max_examples):
-            before = len(state.findings)
-            search(seed + round_number, max_examples - state.examples,
-                   frozenset(state.findings))
-            state.rounds += 1
-            if len(state.findings) == before or state.examples >= max_examples:
-                break
+        with hypothesis_home(database):
+            for round_number in range(max_examples):
+                before = len(state.findings)
+                search(seed + round_number, max_examples - state.examples,
+                       frozenset(state.findings))
+                state.rounds += 1
+                if len(state.findings) == before or state.examples >= max_examples:
+                    break
     except TimeBudgetSpent:
         pass  # the smallest case of each finding so far stands
     finally:
         state.seconds = clock() - started
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.unlink(missing_ok=True)  # what still fails, and what is new
+        if state.findings:
+            save_spec(saved, named_entries(state, backend.label))
     return state
+
+
+def replay_saved(path: Path, backend: BackendRun, settings: RunSettings,
+                 state: Exploration) -> None:
+    """The findings an earlier search saved: each that still fails is a finding again."""
+    from conformance.spec import load_spec
+
+    for case in load_spec(path).cases(REGRESSION_PROFILE):
+        state.replayed += 1
+        if backend.handle.unsupported_reason(case):
+            continue
+        record = evaluate_case(backend, case, settings)
+        broken = [r for r in record.results if r.status in BROKEN
+                  and r.check not in state.findings]
+        if broken:
+            state.still_failing += 1
+            state.findings[broken[0].check] = Finding(broken[0].check, case, broken[0])
+
+
+def named_entries(state: Exploration, label: str) -> list[str]:
+    """Each finding as a spec entry, named for the backend, the check and its number."""
+    return [finding.spec_entry(entry_name(label, finding, number))
+            for number, finding in enumerate(state.findings.values(), start=1)]
+
+
+def entry_name(label: str, finding: Finding, number: int) -> str:
+    return f"explore-{label}-{finding.check.replace('/', '-')}-{number}"
 
 
 def print_progress(state: Exploration, left: float | None, stream=sys.stderr) -> None:
@@ -213,7 +271,7 @@ def explore_command(args: argparse.Namespace) -> int:
     import json
 
     from conformance.checks import CHECK_FAMILIES
-    from conformance.inputs import check_directory, check_output, write_atomically
+    from conformance.inputs import InputError, check_directory, check_output, write_atomically
     from conformance.interrupts import stop_on_signals
     from conformance.runner import check_families, open_backends
 
@@ -222,6 +280,8 @@ def explore_command(args: argparse.Namespace) -> int:
             check_output(getattr(args, option), "--" + option.replace("_", "-"))
     if args.expectations is not None:
         check_directory(args.expectations, "--expectations")
+    if args.database is not None and args.database.exists() and not args.database.is_dir():
+        raise InputError(f"--database {str(args.database)!r}: not a folder")
     settings = RunSettings(profile="explore", families=check_families(args.checks or
                                                                       CHECK_FAMILIES),
                            manifest_dir=args.expectations, isolated=not args.in_process,
@@ -235,16 +295,20 @@ def explore_command(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
-                        args.database or DEFAULT_DATABASE, progress=print_progress)
+                        args.database, progress=print_progress)
     finally:
         backend.disconnect()
+    if state.replayed:
+        print(f"replayed {state.replayed} saved finding(s) from "
+              f"{args.database / (backend.label + '.toml')} first: {state.still_failing} "
+              f"still fail")
     print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
           f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}, "
           f"{state.rounds} round(s); "
           f"{len(state.findings)} failing check(s)")
     entries, rows = [], []
     for number, finding in enumerate(state.findings.values(), start=1):
-        name = f"explore-{backend.label}-{finding.check.replace('/', '-')}-{number}"
+        name = entry_name(backend.label, finding, number)
         entry = finding.spec_entry(name)
         case_id = as_listed(finding.case, name).id
         spec = args.save_spec or "regressions.toml"

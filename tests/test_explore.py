@@ -13,7 +13,7 @@ from conformance.runner import RunSettings, open_backend
 from conformance.spec import default_spec
 from conformance.strategies import is_power_of_two
 from tests.planted import SHAPE_ONLY
-from tests.run_cli import cli
+from tests.run_cli import ROOT, cli
 
 TRIGGERS = {
     "page_size": lambda case: not is_power_of_two(case.page_size),
@@ -136,6 +136,28 @@ def test_saved_findings_of_a_bug_the_values_trigger_replay_every_one(tmp_path):
     wanted = {(f"explore-bug-data-dependent-{f['check'].replace('/', '-')}-{n}", f["check"])
               for n, f in enumerate(findings, start=1)}
     assert wanted <= failed, (wanted, failed, replay.stdout[-2000:])
+
+
+def test_a_database_replays_earlier_findings_first_and_nothing_lands_in_the_current_folder(
+        tmp_path):
+    db, here = tmp_path / "db", tmp_path / "here"
+    here.mkdir()
+    args = ("explore", "--backend", f"{ROOT / 'tests' / 'planted.py'}:OddKvHeadRemainder",
+            "--checks", "oracle", "--database", db)
+    first = cli(*args, "--max-examples", "150", cwd=here)
+    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-2000:]
+    saved = db / "bug-odd-kv-head-remainder.toml"
+    assert "num_kv_heads = 3" in saved.read_text() or "num_kv_heads = 5" in saved.read_text()
+    # one example drawn: the failure comes from the replay, and says so
+    again = cli(*args, "--max-examples", "1", cwd=here)
+    assert again.returncode == 1, again.stdout[-2000:]
+    count = saved.read_text().count("[[family]]")
+    assert f"replayed {count} saved finding(s) from {saved} first: {count} still fail" in \
+        again.stdout
+    fixed = cli("explore", "--backend", "numpy", "--checks", "oracle", "--database", db,
+                "--max-examples", "1", cwd=here)
+    assert fixed.returncode == 0  # another backend's findings are its own
+    assert list(here.iterdir()) == []  # no .hypothesis/ where the user stands
 
 
 def test_explore_refuses_bad_input_with_exit_2(tmp_path):
