@@ -71,12 +71,13 @@ def test_a_native_crash_names_the_frame_that_crashed(tmp_path):
 @pytest.mark.parametrize("backend", ["HangsInPython", "HangsInNativeCode"])
 def test_a_hanging_backend_is_killed_at_the_case_timeout(tmp_path, backend):
     started = time.monotonic()
-    result, report = run_with_reports(tmp_path, backend, "--case-timeout", "2")
+    # a timeout a correct case stays well inside on a loaded 2-core machine
+    result, report = run_with_reports(tmp_path, backend, "--case-timeout", "8")
     assert result.returncode == 1
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90
     assert statuses(report, BAD) == {"error"}
     assert statuses(report, GOOD) == {"passed"}
-    assert any("timed out after 2 s" in m for m in messages(report, BAD))
+    assert any("timed out after 8 s" in m for m in messages(report, BAD))
 
 
 def test_a_parallel_run_isolates_the_same_faults(tmp_path):
@@ -206,16 +207,18 @@ def test_a_backend_file_that_fails_to_import_is_one_line_and_exit_2(tmp_path):
 
 def test_an_interrupted_run_is_not_ok_anywhere_and_a_second_signal_loses_nothing(tmp_path):
     paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "md")}
+    hanging = tmp_path / "hanging"
     process = subprocess.Popen(
         [sys.executable, "-m", "conformance", "run", "--backend", "tests.hostile:HangsInPython",
          *SINKS, "--case-timeout", "0", "--report-json", paths["json"], "--junit-xml",
          paths["xml"], "--summary-md", paths["md"]],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the first case passes; the second hangs for good: wait for its progress line
-    for line in process.stderr:
-        if line.startswith("1/3"):
-            break
-    time.sleep(1.0)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "HOSTILE_MARK": str(hanging)})
+    # the first case passes; the second hangs for good: wait until it hangs, not a guess
+    deadline = time.monotonic() + 120
+    while not hanging.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hanging.exists()
     process.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     process.send_signal(signal.SIGINT)
@@ -308,7 +311,8 @@ def test_in_process_mode_is_the_debugging_switch(tmp_path):
     assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
     assert {r["status"] for r in report["results"] if BAD in r["case"]
             and r["check"] == "oracle/output"} == {"failed"}
-    assert os.environ.get("CONFORMANCE_NEVER_SET") is None
+    # and it did run here: no worker process, so nothing was captured from one
+    assert report["captured_output"] == [] and "worker" not in " ".join(messages(report, BAD))
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
@@ -367,14 +371,14 @@ def test_a_hang_costs_one_timeout_per_case_under_pytest(tmp_path):
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                     "conformance/test_conformance.py", "--backend", "tests.hostile:HangsInPython",
-                    "--profile", "smoke", "-k", "sinks", "--case-timeout", "3",
+                    "--profile", "smoke", "-k", "sinks", "--case-timeout", "8",
                     f"--junitxml={xml}"], cwd=ROOT, capture_output=True, timeout=300)
     elapsed = time.monotonic() - started
     texts = [e.get("message", "") for e in ET.parse(xml).iter() if e.tag == "failure"]
-    assert len(texts) == 2 * 6 and all("timed out after 3 s" in t for t in texts), texts
+    assert len(texts) == 2 * 6 and all("timed out after 8 s" in t for t in texts), texts
     # the families after the first do not call the backend again
-    assert sum("not run: the case timed out after 3 s in decode" in t for t in texts) >= 2
-    assert elapsed < 2 * 3 * 3  # one timeout per case; six per case before
+    assert sum("not run: the case timed out after 8 s in decode" in t for t in texts) >= 2
+    assert elapsed < 2 * 8 * 3  # one timeout per case; six per case before
 
 
 def _dead(pid: int) -> bool:
@@ -410,11 +414,11 @@ def test_a_crash_while_a_forked_child_holds_the_pipe_is_a_crash_not_a_timeout(tm
 
 def test_a_reply_that_stops_halfway_is_bounded_by_the_case_timeout(tmp_path):
     started = time.monotonic()
-    result, report = run_with_reports(tmp_path, "StallsMidReply", "--case-timeout", "3")
+    result, report = run_with_reports(tmp_path, "StallsMidReply", "--case-timeout", "8")
     assert result.returncode == 1 and statuses(report, GOOD) == {"passed"}
     assert statuses(report, BAD) == {"error"}
-    assert any("timed out after 3 s" in m for m in messages(report, BAD))
-    assert time.monotonic() - started < 60
+    assert any("timed out after 8 s" in m for m in messages(report, BAD))
+    assert time.monotonic() - started < 90
 
 
 def test_a_forged_reply_is_never_executed_and_never_passes(tmp_path):
@@ -439,7 +443,7 @@ def test_purity_is_what_the_harness_sees_not_what_it_is_told(tmp_path):
 
 @pytest.mark.parametrize("body,timeout,what", [
     ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "60", "killed by SIGSEGV"),
-    ("import time\ntime.sleep(1000)\n", "3", "timed out after 3 s"),
+    ("import time\ntime.sleep(1000)\n", "8", "timed out after 8 s"),
 ])
 def test_a_backend_file_that_crashes_or_hangs_on_import_costs_only_itself(tmp_path, body,
                                                                           timeout, what):

@@ -2,6 +2,7 @@
 shared pages."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -96,8 +97,12 @@ def test_layout_seed_moves_pages_but_not_values():
 def test_values_follow_the_dtype_and_seed():
     case = make_case(dtype="bfloat16")
     assert materialise(case).q.dtype.name == "bfloat16"
+    again = logical_kv(case)
     np.testing.assert_array_equal(logical_kv(case).q.astype(np.float32),
-                                  logical_kv(case).q.astype(np.float32))
+                                  again.q.astype(np.float32))
+    other = logical_kv(replace(case, fixed_seed=case.seed + 1))  # another seed, other values
+    assert not np.array_equal(other.q.astype(np.float32), again.q.astype(np.float32))
+    assert other.q.shape == again.q.shape
 
 
 @pytest.mark.parametrize("distribution,expect", [
