@@ -93,8 +93,13 @@ class NumpySplitK(Backend):
             row[order] = merged_out.reshape(hq, d)
             row_lse = np.empty(hq, dtype=F32)
             row_lse[order] = merged_lse.reshape(hq)
-            out[b] = row.astype(out.dtype)
+            out[b] = self.store(row, out.dtype)
             lse[b] = row_lse
+
+    def store(self, row: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The float32 result in the output dtype: rounded to nearest even, as a GPU kernel's
+        conversion does."""
+        return row.astype(dtype)
 
     def split_state(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
                     context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -18,6 +18,11 @@ TABLE = {"float32": 1e-5, "tf32": 1e-3, "float16": 1e-3, "bfloat16": 1e-2}
 RATIO = 4.0
 UNIT_ROUNDOFF_F32 = 2.0 ** -24  # kernels accumulate scores in float32 at best
 ROUNDING_MARGIN = 4.0  # over the sqrt(d) probabilistic bound of a float32 dot product
+# ``oracle/rounding``: of the elements well past a rounding midpoint, the share a kernel may
+# round the wrong way (truncation: all of them; a float32-accumulating kernel: none), and the
+# fewest such elements that make a verdict.
+ROUNDING_SHARE = 0.9
+ROUNDING_SAMPLE = 16
 
 
 @dataclass(frozen=True)

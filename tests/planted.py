@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import ml_dtypes
 import numpy as np
 
 from backends.base import AttentionState, Conventions
@@ -302,6 +303,22 @@ class MergeLseIsMax(NumpySplitK):
 
 
 # (bug, the check that must catch it). A check is "family/sub-check" or a prefix of one.
+class TruncatesOutput(NumpySplitK):
+    """Converts its float32 result to float16/bfloat16 by truncation (toward zero), not to
+    nearest even: never more than one ulp off, inside every budget."""
+
+    name = "bug-truncates-output"
+
+    def store(self, row, dtype):
+        rounded = row.astype(dtype)
+        away = np.abs(rounded.astype(F32)) > np.abs(row)  # rounded away from zero: step back
+        if np.dtype(dtype) == np.float16:
+            return np.where(away, np.nextafter(rounded, np.float16(0)), rounded)
+        if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
+            return (row.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)
+        return rounded
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -328,6 +345,7 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (MergeEmptyAsZeroLse, "merge/identity"),
     (MergeFirstInHalf, "merge/commutative"),
     (MergeLseIsMax, "merge/associative"),
+    (TruncatesOutput, "oracle/rounding"),
 ]
 
 

@@ -13,9 +13,10 @@ from conformance.checks.trial import (
     locate,
     unsupported,
 )
+from conformance.dtypes import numpy_dtype
 from conformance.problem import POISONS, materialise
 from conformance.status import Status
-from conformance.tolerances import output_error
+from conformance.tolerances import ROUNDING_SAMPLE, ROUNDING_SHARE, Budget, output_error
 
 
 def check_oracle(trial: Trial) -> list[Outcome]:
@@ -24,12 +25,63 @@ def check_oracle(trial: Trial) -> list[Outcome]:
     if run.exception:
         return [errored("oracle/output", run), errored("oracle/lse", run)]
     ref_out, ref_lse = trial.reference
-    if "lse" not in trial.has:
-        return [trial.compare("oracle/output", run.state, ref_out, None),
-                unsupported("oracle/lse", "feature lse not in capabilities")]
-    return [trial.compare("oracle/output", run.state, ref_out, None),
-            trial.compare("oracle/lse", run.state, None, ref_lse)]
+    outcomes = [trial.compare("oracle/output", run.state, ref_out, None),
+                trial.compare("oracle/lse", run.state, None, ref_lse) if "lse" in trial.has
+                else unsupported("oracle/lse", "feature lse not in capabilities")]
+    rounding = _rounding(trial, run.out)
+    return outcomes + ([rounding] if rounding else [])
 
+
+def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:
+    """A float16/bfloat16 output is its float32 result rounded to nearest even.
+
+    A kernel that truncates (rounds toward zero) is never more than one ulp off, inside every
+    budget. It shows where the oracle's value lies well past the midpoint between two
+    neighbours in the output dtype (0.6 to 0.9 ulp above the lower in magnitude): rounding to
+    nearest takes the upper, truncation the lower, every time; a kernel whose own error stays
+    under 0.1 ulp (any float32-accumulating one) never misses there. Rounding away from zero
+    shows the same way below the midpoint. A kernel with low-precision intermediates misses
+    some there, both ways and in part: ``oracle/output`` judges its accuracy. Not emitted
+    where too few elements lie in those bands to tell."""
+    if trial.case.dtype not in ("float16", "bfloat16"):
+        return None
+    want = np.abs(trial.reference[0])
+    got = np.asarray(got, dtype=np.float64)
+    nearest = want.astype(numpy_dtype(trial.case.dtype))  # 16 bits: neighbours are bits +-1
+    above = nearest.astype(np.float64) > want
+    lower = np.where(above, _step(nearest, -1), nearest).astype(np.float64)
+    upper = np.where(above, nearest, _step(nearest, 1)).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        where = (want - lower) / (upper - lower)  # 0 at the lower neighbour, 1 at the upper
+    finite = np.isfinite(got) & np.isfinite(where) & (want != 0)
+    outcomes = []
+    for band, wrong, how in (((0.6, 0.9), lower, "toward zero"),
+                             ((0.1, 0.4), upper, "away from zero")):
+        inside = finite & (where >= band[0]) & (where <= band[1])
+        count = int(inside.sum())
+        if count < ROUNDING_SAMPLE:
+            continue
+        missed = int((np.abs(got[inside]) == wrong[inside]).sum())
+        outcomes.append((missed / count, count, missed, how, band))
+    if not outcomes:
+        return None
+    share, count, missed, how, band = max(outcomes)
+    budget = Budget(ROUNDING_SHARE, math.nan)
+    if share <= ROUNDING_SHARE:
+        return Outcome("oracle/rounding", Status.PASSED, share, budget)
+    return Outcome("oracle/rounding", Status.FAILED, share, budget,
+                   f"rounded {how}, not to nearest even: of the {count} output elements whose "
+                   f"oracle value lies {band[0]:g} to {band[1]:g} ulp past the {trial.case.dtype}"
+                   f" value below it in magnitude, {missed} ({share:.0%}) hold the "
+                   f"{'lower' if how == 'toward zero' else 'upper'} neighbour; rounding a "
+                   f"float32 result to nearest gives none")
+
+
+def _step(values: np.ndarray, direction: int) -> np.ndarray:
+    """The next 16-bit float value above (+1) or below (-1) non-negative finite values."""
+    bits = values.view(np.uint16).astype(np.int32) + direction
+    return np.clip(bits, 0, 0x7BFF if values.dtype == np.float16 else 0x7F7F).astype(
+        np.uint16).view(values.dtype)
 
 
 def check_poison(trial: Trial) -> list[Outcome]:
