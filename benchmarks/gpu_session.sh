@@ -5,7 +5,8 @@
 # build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
 # Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
-#        (BACKENDS, JOBS, SHARD=K/N, CASE_TIMEOUT: 900 when FlashInfer compiles under load)
+#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, CASE_TIMEOUT: 900 when FlashInfer
+#        compiles under load)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
@@ -42,6 +43,7 @@ case "${1:-conformance}" in
   conformance)
     { nvidia-smi -L || echo "no nvidia-smi"; } | tee "$OUT/backends.txt"
     python3 -m conformance backends 2>&1 | grep -E "^[a-z]" | tee -a "$OUT/backends.txt"
+    checks=(); for family in ${CHECKS:-}; do checks+=(--check "$family"); done
     backends=()
     for name in ${BACKENDS:-tvm-cuda triton-splitkv triton-paged triton-contiguous}; do
       backends+=(--backend "$name")
@@ -61,7 +63,7 @@ case "${1:-conformance}" in
       start=$(date +%s)
       shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
-        --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
+        --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${checks[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
       rc=$?
       echo "run $run rc=$rc $(( $(date +%s) - start )) s" | tee -a "$OUT/runs.txt"
