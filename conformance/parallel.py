@@ -100,7 +100,7 @@ def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,
                 if ready is conn:
                     try:
                         done_index, result = conn.recv()
-                    except EOFError:
+                    except (EOFError, OSError):  # a reset connection too
                         continue  # the sentinel reports the death
                     on_done(done_index, result)
                     dispatch(conn)
