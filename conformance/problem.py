@@ -168,6 +168,10 @@ def logical_kv(case: Case) -> LogicalKV:
     elif case.distribution == "large":
         q *= 100.0  # |scores| ~ 1e4 at the default scale
         keys = [k * 100.0 for k in keys]
+    elif case.distribution == "flat-positive":
+        q[:] = 0.0
+        values = [32.0 + 32.0 * rng.random((n, hkv, d), dtype=np.float32)
+                  for n in case.context_lens]
     elif case.distribution == "constant-v":
         values = [np.broadcast_to(rng.standard_normal((1, hkv, d)), v.shape).copy()
                   for v in values]

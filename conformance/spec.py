@@ -35,6 +35,8 @@ DISTRIBUTIONS = {
     "large": "scores of magnitude ~1e4: stresses the online-softmax rescale",
     "very-negative": "every score near -1e5, below any finite 'minus infinity' sentinel",
     "constant-v": "every value row of a KV head is the same vector: output must equal it",
+    "flat-positive": "q = 0 and every value in [32, 64): the un-normalised sum of a long row "
+                     "(or of one split of it) passes float16's 65504; the output is a mean",
 }
 
 

@@ -303,6 +303,21 @@ class MergeLseIsMax(NumpySplitK):
 
 
 # (bug, the check that must catch it). A check is "family/sub-check" or a prefix of one.
+class SplitPartialsInHalf(NumpySplitK):
+    """Writes each split's un-normalised partial output to a float16 scratch buffer on float16
+    cases, as a kernel that sizes its scratch by the query dtype: a long row of large same-sign
+    values overflows it (65504), though every final output is small."""
+
+    name = "bug-split-partials-in-half"
+
+    def split_state(self, problem, b, q, start, end, context_len):
+        m, total, acc = super().split_state(problem, b, q, start, end, context_len)
+        if problem.dtype == np.float16:
+            with np.errstate(over="ignore"):
+                acc = acc.astype(np.float16).astype(F32)
+        return m, total, acc
+
+
 class TruncatesOutput(NumpySplitK):
     """Converts its float32 result to float16/bfloat16 by truncation (toward zero), not to
     nearest even: never more than one ulp off, inside every budget."""
@@ -327,13 +342,17 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (ModuloHeadMapping, "oracle/output"),
     (ModuloHeadMapping, "invariance/gqa-as-mha"),
     (Base2Lse, "oracle/lse"),
-    (MergeWithoutRescale, "merge/segments"),
+    (MergeWithoutRescale, "merge/segments-page"),
+    (MergeWithoutRescale, "merge/segments-inside-page"),
+    (MergeWithoutRescale, "merge/segments-empty-segments"),
     (WindowOffByOne, "oracle/output"),
     (SinksIgnored, "oracle/output"),
     (MutatesInput, "purity"),
     (MinusOneAsPageZero, "poison/masked-nan"),
     (SplitsAveraged, "oracle/output"),
-    (SplitsAveraged, "invariance/split-count"),
+    (SplitsAveraged, "invariance/split-count-1"),
+    (SplitsAveraged, "invariance/split-count-3"),
+    (SplitsAveraged, "invariance/split-count-8"),
     (Nondeterministic, "determinism"),
     (StalePageCache, "invariance/reshuffle"),
     (BothEmptyMergeNaN, "merge/both-empty"),
@@ -346,6 +365,7 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (MergeFirstInHalf, "merge/commutative"),
     (MergeLseIsMax, "merge/associative"),
     (TruncatesOutput, "oracle/rounding"),
+    (SplitPartialsInHalf, "oracle/output"),
 ]
 
 
