@@ -152,8 +152,9 @@ def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
          "--profile", "ci", "-j", jobs, "--report-json", str(report),
          "--summary-md", str(tmp_path / "partial.md")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in process.stderr:  # progress lines: stop once a few cases are done
-        if line.startswith(("17/", "34/")):
+    for line in process.stderr:  # progress lines ("done/total cases"): stop after a few
+        done = line.split("/", 1)[0]
+        if done.isdigit() and int(done) >= 2:
             break
     process.send_signal(signal.SIGTERM)
     stdout, _ = process.communicate(timeout=120)
@@ -163,7 +164,7 @@ def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
     assert "Interrupted (interrupted after" in (tmp_path / "partial.md").read_text()
     data = json.loads(report.read_text())
     assert data["interrupted"].startswith("interrupted after") and not data["ok"]
-    assert 0 < len({r["case"] for r in data["results"]}) < 168
+    assert 0 < len({r["case"] for r in data["results"]}) < data["cases"]
 
 
 def test_summary_tabulates_saved_reports_with_their_findings(tmp_path):
