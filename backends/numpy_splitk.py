@@ -3,8 +3,8 @@
 It walks the block table page by page, keeps per-split partial states (running max ``m``,
 denominator ``l``, accumulator ``acc``) in float32, packs the query heads of a GQA group
 into one tile, and combines the splits with a log-sum-exp merge. Its seams (``kv_head_map``,
-``valid_tokens``, ``load_page``, ``accumulator``, ``combine``) are where the suite's planted
-bugs go.
+``valid_tokens``, ``load_page``, ``held_scores``, ``accumulator``, ``combine``, ``store``) are
+where the suite's planted bugs go.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ class NumpySplitK(Backend):
         keys = np.where(valid[:, None, None], problem.k_pages[block].astype(F32), F32(0))
         values = np.where(valid[:, None, None], problem.v_pages[block].astype(F32), F32(0))
         return keys, values
+
+    def held_scores(self, scores: np.ndarray, problem: Problem) -> np.ndarray:
+        """A page's scores as the softmax sees them: float32, as computed."""
+        return scores
 
     def accumulator(self, acc: np.ndarray, problem: Problem) -> np.ndarray:
         """The running output accumulator after a page: float32, kept as it is."""
@@ -120,7 +124,7 @@ class NumpySplitK(Backend):
             if loaded is None:
                 continue
             keys, values = loaded
-            scores = np.einsum("hgd,thd->hgt", q, keys)
+            scores = self.held_scores(np.einsum("hgd,thd->hgt", q, keys), problem)
             scores = np.where(valid, scores, F32(-np.inf))
             m_new = np.maximum(m, scores.max(axis=-1))
             live = np.isfinite(m_new)

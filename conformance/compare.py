@@ -61,7 +61,8 @@ def compare(old: dict, new: dict, factor: float = 2.0) -> dict[str, list[Change]
     """The changes from ``old`` to ``new``, by kind."""
     before, after = _indexed(old), _indexed(new)
     changes: dict[str, list[Change]] = {"newly failing": [], "newly passing": [],
-                                        "claims changed": [], "errors grown": []}
+                                        "claims changed": [], "judgement changed": [],
+                                        "errors grown": []}
     for key in sorted(before.keys() & after.keys()):
         was, now = before[key], after[key]
         a, b = was["status"], now["status"]
@@ -71,6 +72,8 @@ def compare(old: dict, new: dict, factor: float = 2.0) -> dict[str, list[Change]
             changes["newly passing"].append(Change(key, a, b))
         elif (a == Status.UNSUPPORTED) != (b == Status.UNSUPPORTED):
             changes["claims changed"].append(Change(key, a, b, now["message"][:120]))
+        elif (a == Status.CANNOT_JUDGE) != (b == Status.CANNOT_JUDGE):
+            changes["judgement changed"].append(Change(key, a, b, now["message"][:120]))
         elif a in PASSING and b in PASSING:
             e_old, e_new, budget = (_number(was["error"]), _number(now["error"]),
                                     _number(now["budget"]))

@@ -18,11 +18,13 @@ from conformance.runner import RunReport, results_by_family
 from conformance.status import FAILING, Status
 
 SCHEMA = "paged-decode-conformance/report/1"
+SKIPPED = (Status.UNSUPPORTED, Status.KNOWN_FAILURE, Status.CANNOT_JUDGE)  # in JUnit XML
 # Cell letters of the terminal matrix, in the order they are shown.
 MARKS = {Status.FAILED: "F", Status.ERROR: "E", Status.UNEXPECTED_PASS: "X",
-         Status.KNOWN_FAILURE: "K", Status.UNSUPPORTED: "U"}
+         Status.KNOWN_FAILURE: "K", Status.UNSUPPORTED: "U", Status.CANNOT_JUDGE: "J"}
 LEGEND = ("cell = checks passed, then F failed, E error, X unexpected pass (strict), "
-          "K known failure (manifest), U unsupported")
+          "K known failure (manifest), U unsupported, J cannot judge (the budget admits a "
+          "trivially wrong answer)")
 
 
 def _cell(counts: dict[str, int]) -> str:
@@ -177,8 +179,7 @@ def write_junit(report: RunReport, path: str | Path) -> None:
                               failures=str(sum(r.status in (Status.FAILED, Status.UNEXPECTED_PASS)
                                                for r in results)),
                               errors=str(sum(r.status == Status.ERROR for r in results)),
-                              skipped=str(sum(r.status in (Status.UNSUPPORTED, Status.KNOWN_FAILURE)
-                                              for r in results)))
+                              skipped=str(sum(r.status in SKIPPED for r in results)))
         for result in results:
             case = ET.SubElement(suite, "testcase", classname=backend.label,
                                  name=f"{result.case}::{result.check}")
@@ -188,7 +189,7 @@ def write_junit(report: RunReport, path: str | Path) -> None:
                 ET.SubElement(case, "failure", message=message[:200]).text = text
             elif result.status == Status.ERROR:
                 ET.SubElement(case, "error", message=message[:200]).text = text
-            elif result.status in (Status.UNSUPPORTED, Status.KNOWN_FAILURE):
+            elif result.status in SKIPPED:
                 ET.SubElement(case, "skipped", message=f"{result.status}: {message}"[:500])
     text = ET.tostring(root, encoding="unicode")
     write_atomically(path, "<?xml version='1.0' encoding='utf-8'?>\n" + text + "\n")

@@ -12,6 +12,9 @@ class Status(StrEnum):
     FAILED = "failed"  # the backend ran and was wrong
     ERROR = "error"  # the backend raised, died, hung or could not be reached
     UNSUPPORTED = "unsupported"  # outside what the backend claims, with the reason
+    # within a budget that also admits a trivially wrong answer (zeros, the mean of V, one
+    # token dropped) on this case: no pass, since the check could not have failed
+    CANNOT_JUDGE = "cannot-judge"
     KNOWN_FAILURE = "known-failure"  # failed or erred, and listed in the manifest
     UNEXPECTED_PASS = "unexpected-pass"  # listed in the manifest, and passed
 

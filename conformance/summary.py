@@ -14,7 +14,7 @@ from conformance.inputs import InputError, read_saved
 from conformance.status import FAILING, Status
 
 COLUMNS = ("backend", "machine", "profile", "cases claimed", Status.PASSED, "known failure",
-           Status.UNSUPPORTED, "failed or error", "findings")
+           Status.UNSUPPORTED, "cannot judge", "failed or error", "findings")
 
 
 def load_report(path: str | Path) -> dict:
@@ -60,7 +60,7 @@ def rows(report: dict, machine: str, only: tuple[str, ...] = ()) -> list[list[st
         where = f"{machine}, {device}" if device and device not in machine else machine
         table.append([backend, where, profile, str(len(claimed)),
                       str(counts[Status.PASSED]), str(counts[Status.KNOWN_FAILURE]),
-                      str(counts[Status.UNSUPPORTED]),
+                      str(counts[Status.UNSUPPORTED]), str(counts[Status.CANNOT_JUDGE]),
                       str(sum(counts[status] for status in FAILING)),
                       ", ".join(links) or "-"])
     return table

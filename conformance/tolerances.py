@@ -140,3 +140,37 @@ def output_rounding(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[
     # and the output itself is stored in the case's dtype: half a spacing at its size
     stored = float((np.spacing(np.abs(out).astype(dtype)).astype(np.float64) / 2).max(initial=0))
     return (worst + stored) / scale
+
+
+def trivial_answers(q: np.ndarray, keys_per_row: list[np.ndarray],
+                    values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray
+                    ) -> dict[str, np.ndarray]:
+    """Answers a broken kernel gives without attending properly: zeros, the plain mean of
+    the kept values, and the output without each row's heaviest token. A budget that admits
+    one of them where it is wrong cannot judge the case."""
+    mean, dropped = np.zeros_like(out), np.array(out, dtype=np.float64)
+    for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
+        n = keys.shape[0]
+        if n == 0:
+            continue
+        mean[b] = values.mean(axis=0)
+        if n == 1:
+            dropped[b] = 0.0
+            continue
+        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        heaviest = weights.argmax(axis=1)
+        heads = np.arange(weights.shape[0])
+        w = weights[heads, heaviest][:, None]
+        v = values[heaviest, heads]  # (heads, d)
+        dropped[b] = (out[b] - w * v) / np.maximum(1.0 - w, np.finfo(np.float64).tiny)
+    return {"zeros": np.zeros_like(out), "mean of V": mean, "one token dropped": dropped}
+
+
+def admitted_answers(budget: float, floor: float, trivial: dict[str, np.ndarray],
+                     out: np.ndarray) -> dict[str, float]:
+    """The trivial answers that are wrong (further than ``floor`` from the oracle) and yet
+    within ``budget``, with their errors."""
+    errors = {name: output_error(answer, out) for name, answer in trivial.items()}
+    return {name: e for name, e in errors.items() if floor < e <= budget}

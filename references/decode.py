@@ -37,10 +37,11 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
 
     ``precision`` other than float64 recomputes the same formula as a careful kernel in that
-    precision would: products summed in float32 (or float64 for float64) and every
-    intermediate rounded to ``precision``. The error-ratio tolerance rule uses it to learn
-    how much error the case's own precision costs. An empty context gives output 0 and LSE
-    -inf.
+    precision would: inputs in ``precision``; scores, their maximum, exponentials and sums
+    held in float32 (float64 for float64), as every flash-style kernel keeps them in
+    registers; the probabilities rounded to ``precision`` for the ``P @ V`` product, and the
+    output stored in it. The error-ratio tolerance rule uses it to learn how much error the
+    case's own precision costs. An empty context gives output 0 and LSE -inf.
     """
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
@@ -67,11 +68,14 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
 def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, sm_scale: float,
             rounded) -> tuple[np.ndarray, float]:
     """Softmax attention of one query head over its tokens; low precision may overflow,
-    which is its measured error, not a fault."""
+    which is its measured error, not a fault.
+
+    Scores stay in the accumulation precision: rounding a score of -1e5 to bfloat16 (spacing
+    512) would make the model itself answer noise and the budget admit any output."""
     with np.errstate(over="ignore", invalid="ignore"):
         qh, kh, vh = rounded(q), rounded(keys), rounded(values)
-        scores = rounded(rounded(kh @ qh) * sm_scale)
+        scores = (kh @ qh) * sm_scale
         top = scores.max()
-        weights = rounded(np.exp(scores - top))
-        total = rounded(weights.sum())
-        return rounded(rounded(weights @ vh) / total), top + np.log(total)
+        weights = np.exp(scores - top)
+        total = weights.sum()
+        return rounded((rounded(weights) @ vh) / total), top + np.log(total)

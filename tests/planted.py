@@ -334,6 +334,18 @@ class TruncatesOutput(NumpySplitK):
         return rounded
 
 
+class ScoresHeldInDtype(NumpySplitK):
+    """Holds the scores in the case's dtype before the softmax, as a kernel that keeps the
+    ``q @ K^T`` tile in float16/bfloat16 (or a math path that never upcasts): at scores of
+    -1e5 a bfloat16 score is off by up to 256. The oracle's low-precision model made the same
+    mistake until issue 17, so its budget (4.0) admitted this kernel, and zeros."""
+
+    name = "bug-scores-held-in-dtype"
+
+    def held_scores(self, scores, problem):
+        return scores.astype(problem.dtype).astype(F32)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -366,6 +378,7 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (MergeLseIsMax, "merge/associative"),
     (TruncatesOutput, "oracle/rounding"),
     (SplitPartialsInHalf, "oracle/output"),
+    (ScoresHeldInDtype, "oracle/output"),
 ]
 
 

@@ -31,6 +31,7 @@ from conformance.status import Status
 from conformance.tolerances import (
     RATIO,
     Budget,
+    admitted_answers,
     lse_error,
     lse_rounding,
     output_error,
@@ -38,6 +39,7 @@ from conformance.tolerances import (
     score_errors,
     score_rounding,
     table_budget,
+    trivial_answers,
 )
 from references import decode_reference
 
@@ -113,6 +115,13 @@ class Trial:
                         lse_rounding(score_rounding(errors, q.shape[1]), ref_lse))
         return Budget(table, ratio_out), Budget(table, ratio_lse)
 
+    @cached_property
+    def trivial(self) -> dict[str, np.ndarray]:
+        """Trivially wrong answers to this case (``trivial_answers``)."""
+        keys, values = self.kept_kv()
+        return trivial_answers(self.problem.q.astype(np.float64), keys, values,
+                               self.problem.sm_scale, self.reference[0])
+
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each."""
         problem = self.problem
@@ -173,7 +182,10 @@ class Trial:
     def compare(self, check: str, got: AttentionState, want_out: np.ndarray | None,
                 want_lse: np.ndarray | None, scale: float = 1.0, what: str = "") -> Outcome:
         """Outcome of comparing a state with a wanted one: its output and (if wanted and the
-        backend writes one) its LSE, judged by whichever is further past its budget."""
+        backend writes one) its LSE, judged by whichever is further past its budget.
+
+        Against the oracle's output, a pass within a budget that admits a trivially wrong
+        answer is ``cannot-judge``, not ``passed``."""
         out_budget, lse_budget = (b.scaled(scale) for b in self.budget)
         parts = []  # (error / budget, error, budget, message if it fails)
         suffix = f" ({what})" if what else ""
@@ -188,9 +200,15 @@ class Trial:
                           lse_message(got.lse, want_lse, e, lse_budget, self.empty_lse)
                           + suffix))
         _, error, budget, message = max(parts, key=lambda part: part[0])
-        passed = error <= budget.value
-        return Outcome(check, Status.PASSED if passed else Status.FAILED, error, budget,
-                       "" if passed else message())
+        if error > budget.value:
+            return Outcome(check, Status.FAILED, error, budget, message())
+        if want_out is self.reference[0]:
+            admitted = admitted_answers(out_budget.value, out_budget.table, self.trivial,
+                                        want_out)
+            if admitted:
+                return Outcome(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
+                    out_budget, admitted) + suffix)
+        return Outcome(check, Status.PASSED, error, budget)
 
 
 def reversed_dims(problem: Problem) -> Problem:
@@ -215,6 +233,12 @@ def locate(got: np.ndarray, want: np.ndarray) -> str:
     diff = np.where(np.isfinite(got), np.abs(got - want), np.inf)
     b, h, d = np.unravel_index(int(np.argmax(diff)), diff.shape)
     return f" at [batch {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
+
+
+def cannot_judge_message(budget: Budget, admitted: dict[str, float]) -> str:
+    answers = ", ".join(f"{name} (error {error:.3g})" for name, error in admitted.items())
+    return (f"the output budget {budget.value:.3g} admits a trivially wrong answer on this "
+            f"case: {answers}")
 
 
 def fault_outcome(check: str, exc: Exception) -> Outcome:
