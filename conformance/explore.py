@@ -100,7 +100,7 @@ def spec_entry(name: str, case: Case, doc: str) -> str:
         fields["sinks"] = case.sinks
     if case.sm_scale is not None:
         fields["sm_scale"] = case.sm_scale
-    for optional in ("num_splits", "shared_pages"):
+    for optional in ("num_splits", "shared_pages", "pool_pages"):
         if getattr(case, optional):
             fields[optional] = getattr(case, optional)
     if case.table_padding != Case.table_padding:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from conformance import spec
 from conformance.dtypes import numpy_dtype
 from conformance.spec import Case
 from references import kept_tokens
@@ -26,6 +27,7 @@ POISONS = (float("nan"), -12288.0)
 MASKED_FILLS = ("garbage", "nan")
 GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query
 GARBAGE_VALUE = 1000.0  # magnitude of a garbage value
+GARBAGE_CHUNK = spec.GARBAGE_CHUNK
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class LogicalKV:
     sm_scale: float
     window: int | None = None
     sinks: int = 0
+    # Every layout's pool holds at least this many elements (the case's ``pool_pages`` at its
+    # own page geometry): the page count follows the layout's page size and heads, so flat
+    # offsets past an index width stay past it and no re-layout grows the memory.
+    pool_elements: int = 0
 
     @property
     def context_lens(self) -> list[int]:
@@ -100,7 +106,10 @@ class LogicalKV:
         Physical page 0 is never used (a ``-1`` read as page 0 meets garbage); pages that the
         window evicts entirely are ``-1`` in the table; the first ``shared_pages`` pages of
         every long-enough sequence are the first sequence's physical pages. Every slot no
-        sequence reads holds ``masked``: garbage or NaN; the layout is the same for both.
+        sequence reads holds ``masked``: garbage or NaN; the layout is the same for both. With
+        ``pool_elements`` past what the sequences need, the pool is that large and the
+        sequences' pages (with the usual spares between them) are its last ones: every page id
+        they read lies within their own span of the pool's end.
         """
         rng = np.random.default_rng(layout_seed)
         lens = self.context_lens
@@ -121,7 +130,11 @@ class LogicalKV:
                 if is_used and not (shared and needed[0][j]):
                     owners.append((b, j))
         num_pages = len(owners) + max(2, len(owners) // 2) + 1
-        physical = rng.permutation(np.arange(1, num_pages))[: len(owners)]
+        first = 1  # the first page the sequences may take
+        pool_pages = -(-self.pool_elements // (page_size * num_kv_heads * head_dim))
+        if pool_pages > num_pages:
+            first, num_pages = pool_pages - num_pages + 1, pool_pages
+        physical = rng.permutation(np.arange(first, num_pages))[: len(owners)]
         for (b, j), page in zip(owners, physical, strict=True):
             table[b, j] = page
         for b in range(1, len(lens)):
@@ -135,9 +148,8 @@ class LogicalKV:
             k_pages = np.full(shape, np.nan, dtype=dtype)
             v_pages = np.full_like(k_pages, np.nan)
         elif masked == "garbage":
-            key_scale = GARBAGE_SCORE / (math.sqrt(head_dim) * self.sm_scale)
-            k_pages = (rng.standard_normal(shape, dtype=np.float32) * key_scale).astype(dtype)
-            v_pages = (np.where(rng.random(shape) < 0.5, -1.0, 1.0) * GARBAGE_VALUE).astype(dtype)
+            k_pages, v_pages = _garbage(rng, shape, dtype,
+                                        GARBAGE_SCORE / (math.sqrt(head_dim) * self.sm_scale))
         else:
             raise ValueError(f"masked fill {masked!r}; known: {', '.join(MASKED_FILLS)}")
         for b, n in enumerate(lens):
@@ -153,6 +165,23 @@ class LogicalKV:
         """The same sequences in another order or subset."""
         return replace(self, q=self.q[rows], keys=tuple(self.keys[r] for r in rows),
                        values=tuple(self.values[r] for r in rows))
+
+
+def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_scale: float
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Garbage K (normal, scores of ~``GARBAGE_SCORE``) and V (+-``GARBAGE_VALUE``) pages,
+    drawn in chunks of pages so that a pool of billions of elements needs no float64 copy
+    (the draws are the same as in one piece)."""
+    k_pages, v_pages = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
+    step = max(1, GARBAGE_CHUNK // max(1, math.prod(shape[1:])))
+    chunks = [slice(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
+    for rows in chunks:  # all of K first, then all of V: the order of one-piece draws
+        k_pages[rows] = rng.standard_normal(k_pages[rows].shape, dtype=np.float32) * \
+            np.float32(key_scale)
+    for rows in chunks:
+        v_pages[rows] = np.where(rng.random(v_pages[rows].shape) < 0.5, -1.0, 1.0) * \
+            GARBAGE_VALUE
+    return k_pages, v_pages
 
 
 def logical_kv(case: Case) -> LogicalKV:
@@ -199,7 +228,8 @@ def logical_kv(case: Case) -> LogicalKV:
                 values[b][:prefix] = values[0][:prefix]
     return LogicalKV(q=q.astype(dtype), keys=tuple(k.astype(dtype) for k in keys),
                      values=tuple(v.astype(dtype) for v in values), sm_scale=case.scale,
-                     window=case.window, sinks=case.sinks)
+                     window=case.window, sinks=case.sinks,
+                     pool_elements=case.pool_pages * case.page_size * hkv * d)
 
 
 def materialise(case: Case, layout_seed: int | None = None, masked: str = "garbage") -> Problem:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import tomllib
 import zlib
@@ -25,8 +26,19 @@ from conformance.dtypes import DTYPES, SHORT_NAMES, numpy_dtype
 from conformance.inputs import read_text
 
 SPEC_PATH = Path(__file__).with_name("spec.toml")
+GARBAGE_CHUNK = 1 << 24  # elements of garbage a layout draws at a time (conformance.problem)
 SCHEMA = 1  # the spec format this code reads
-DEFAULT_MAX_CASE_MIB = 8192  # a case whose arrays would be larger is refused at load
+
+
+def _half_the_memory_mib() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**21
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+        return 8192
+
+
+# A case whose arrays would be larger is refused at load: half this machine's memory.
+DEFAULT_MAX_CASE_MIB = _half_the_memory_mib()
 
 DISTRIBUTIONS = {
     "normal": "q, k, v standard normal",
@@ -62,6 +74,7 @@ class Case:
     num_splits: int | None = None
     shared_pages: int = 0
     table_padding: int = 3
+    pool_pages: int = 0  # the pool holds at least this many pages, the case's at its end
     tag: str = ""
     fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
@@ -85,6 +98,8 @@ class Case:
             detail += f"-shared{self.shared_pages}"
         if self.table_padding != Case.table_padding:
             detail += f"-pad{self.table_padding}"
+        if self.pool_pages:
+            detail += f"-pool{self.pool_pages}"
         if self.fixed_seed is not None:
             detail += f"-seed{self.fixed_seed}"
         return "/".join(part for part in (self.family, self.tag, shape, detail) if part)
@@ -114,9 +129,12 @@ class Case:
         query, the outputs and LSEs of the poisoned runs, the block table, and the float64
         copies the oracle works in (the kept keys and values per query head among them)."""
         pages = sum(-(-n // self.page_size) for n in self.context_lens)
-        tokens = (pages + max(2, pages // 2) + 1) * self.page_size
+        tokens = max(pages + max(2, pages // 2) + 1, self.pool_pages) * self.page_size
         item = np.dtype(numpy_dtype(self.dtype)).itemsize
-        pool = 2 * tokens * self.num_kv_heads * self.head_dim * (item + 8)
+        # the pool three times (the problem, the worker's copy, a re-laid problem), and the
+        # garbage drawn into it a chunk at a time in float64
+        elements = tokens * self.num_kv_heads * self.head_dim
+        pool = 2 * (3 * elements * item + 8 * min(elements, GARBAGE_CHUNK))
         logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
         kept = 2 * sum(self.context_lens) * self.num_qo_heads * self.head_dim * 8
         rows = self.batch * self.num_qo_heads
@@ -166,7 +184,7 @@ class Spec:
 
 # Fields a family's `set`, `grid` and `variants` may give, with their types.
 _INT_FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "window", "sinks",
-               "num_splits", "shared_pages", "table_padding", "seed")
+               "num_splits", "shared_pages", "table_padding", "pool_pages", "seed")
 _CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtype",
                                                    "fixed_seed"}) | {"seed"}
 _FIELD_NAMES = sorted(_CASE_FIELDS | {"dtypes"})
@@ -212,8 +230,8 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
         elif name == "seed":
             kwargs["fixed_seed"] = _int(where, name, value, 0)
         elif name in _INT_FIELDS:
-            kwargs[name] = _int(where, name, value, 0 if name in ("sinks", "shared_pages",
-                                                                  "table_padding") else 1)
+            kwargs[name] = _int(where, name, value, 0 if name in (
+                "sinks", "shared_pages", "table_padding", "pool_pages") else 1)
         elif name == "sm_scale":
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
                     math.isfinite(value) and value > 0):

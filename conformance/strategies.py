@@ -26,6 +26,15 @@ MAX_PAGE_SIZE = 64  # when it claims any page size
 MAX_KV_HEADS = 8
 MAX_GROUP = 24
 MAX_BATCH = 40  # past the usual 32-wide grid dimension
+# The wide regimes, each drawn in one example of RARELY (and never shrunk towards): contexts
+# past int16/uint16 lengths, pools past int16/uint16 page ids, windows past 64 tokens with
+# first-N sinks. Tiny heads keep them cheap: at most WIDE_COST tokens x heads x head_dim,
+# and a pool of at most WIDE_POOL_ELEMENTS.
+RARELY = 12
+LONG_CONTEXTS = (32767, 32768, 40000, 65535, 65536, 70000)
+WIDE_POOLS = (32768, 40000, 65536, 70000, 140000)
+WIDE_COST = 2_500_000
+WIDE_POOL_ELEMENTS = 1 << 23
 
 
 def _sizes(claimed: frozenset[int] | None, default: st.SearchStrategy[int]
@@ -51,6 +60,11 @@ def _bare_case(instance: Instance) -> Case:
                 page_size=page_size, dtype=dtype, context_lens=(1,), distribution="normal")
 
 
+def _rarely(draw: st.DrawFn) -> bool:
+    """True in one draw of ``RARELY``; shrinks to False."""
+    return draw(st.sampled_from(range(RARELY))) == RARELY - 1
+
+
 def _context_length(page_size: int) -> st.SearchStrategy[int]:
     edges = st.builds(lambda pages, delta: max(0, pages * page_size + delta),
                       st.integers(1, 8), st.sampled_from((-1, 0, 1)))
@@ -62,44 +76,62 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
           features: frozenset[str] | None = None) -> Case:
     """A case the capabilities claim, no costlier than ``cost_cap``."""
     features = capabilities.features if features is None else features
+    long_context, wide_pool = _rarely(draw), _rarely(draw)
+    wide = long_context or wide_pool  # tiny heads, and the cost cap is WIDE_COST
     if capabilities.instances is not None:
         num_qo_heads, num_kv_heads, head_dim, page_size, dtype = draw(_instances(capabilities))
         group = num_qo_heads // num_kv_heads
     else:
         dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
                                             key=list(DTYPES).index)))
-        num_kv_heads = draw(st.integers(1, MAX_KV_HEADS))
+        num_kv_heads = 1 if wide else draw(st.integers(1, MAX_KV_HEADS))
+        max_group = min(MAX_GROUP, capabilities.max_group_size or MAX_GROUP, 2 if wide else
+                        MAX_GROUP)
         if capabilities.group_sizes is not None:
             group = draw(st.sampled_from(sorted(capabilities.group_sizes)))
         else:
-            group = draw(st.integers(1, min(MAX_GROUP,
-                                            capabilities.max_group_size or MAX_GROUP)))
-        head_dim = draw(_sizes(capabilities.head_dims, st.sampled_from(HEAD_DIMS)))
+            group = draw(st.integers(1, max_group))
+        head_dims = HEAD_DIMS if capabilities.head_dims is None else sorted(
+            capabilities.head_dims)
+        if wide:
+            head_dims = [d for d in head_dims if d <= 32] or head_dims[:1]
+        head_dim = draw(st.sampled_from(head_dims))
         page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
     batch = draw(st.one_of(st.integers(1, 4), st.integers(1, MAX_BATCH)))
-    context_lens = tuple(draw(st.lists(_context_length(page_size), min_size=batch,
-                                       max_size=batch)))
+    context_lens = list(draw(st.lists(_context_length(page_size), min_size=batch,
+                                      max_size=batch)))
+    if long_context:
+        context_lens[0] = draw(st.sampled_from(LONG_CONTEXTS))
     window = sinks = None
     if "sliding_window" in features and draw(st.booleans()):
         window = draw(st.integers(1, 3 * page_size + 5))
         if "sinks" in features and draw(st.booleans()):
             sinks = draw(st.integers(1, window + page_size))
-    # "very-negative" only in float32: with float16/bfloat16 inputs of magnitude ~500 the
-    # float32 rounding of every term moves the output more than the ratio rule's estimate
-    # (found by explore on the correct NumPy backend); the spec's own cases cover it there
-    distribution = draw(st.sampled_from(tuple(
-        d for d in DISTRIBUTIONS if dtype == "float32" or d != "very-negative")))
+            if _rarely(draw):  # a wide window with sinks, over a context past both
+                window, sinks = draw(st.integers(65, 600)), draw(st.integers(1, 64))
+                context_lens[0] = max(context_lens[0], window + sinks + draw(st.integers(1, 300)))
+    pool_pages = 0
+    if wide_pool:
+        pool_pages = draw(st.sampled_from(WIDE_POOLS))
+        assume(pool_pages * page_size * num_kv_heads * head_dim <= WIDE_POOL_ELEMENTS)
+    distribution = draw(st.sampled_from(tuple(DISTRIBUTIONS)))
     # "large" and "very-negative" set the scores' size themselves (q and k are scaled up to
     # reach it); a custom sm_scale on top only inflates q and k past what float32 holds
     # (terms of ~1e7 summing to -1e5), a case no kernel or budget can be fair on
     sm_scale = None if distribution in ("large", "very-negative") else draw(
         st.one_of(st.none(), st.sampled_from((0.01, 0.05, 0.3, 1.0))))
+    num_splits = None  # a split count the backend names, crossed with every distribution
+    if "split_k" in features and capabilities.split_counts and draw(st.booleans()):
+        num_splits = draw(st.sampled_from(capabilities.split_counts))
     num_qo_heads = num_kv_heads * group
-    assume(sum(context_lens) * num_qo_heads * head_dim <= cost_cap)
+    if wide:
+        assume(num_qo_heads <= 4)  # a backend's instances may hold no tinier one
+    assume(sum(context_lens) * num_qo_heads * head_dim <= (WIDE_COST if wide else cost_cap))
     return Case(family="explore", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, page_size=page_size, dtype=dtype,
-                context_lens=context_lens, distribution=distribution, window=window,
-                sinks=sinks or 0, sm_scale=sm_scale)
+                context_lens=tuple(context_lens), distribution=distribution, window=window,
+                sinks=sinks or 0, sm_scale=sm_scale, num_splits=num_splits,
+                pool_pages=pool_pages)
 
 
 def cost(case: Case) -> int:

@@ -346,6 +346,41 @@ class ScoresHeldInDtype(NumpySplitK):
         return scores.astype(problem.dtype).astype(F32)
 
 
+class PageIdsInInt16(NumpySplitK):
+    """Holds block-table entries in int16: page 40000 becomes -25536 (skipped as unallocated),
+    page 140000 becomes 8928 (another sequence's page, or garbage)."""
+
+    name = "bug-page-ids-in-int16"
+
+    def load_page(self, problem, block, valid):
+        return super().load_page(problem, int(np.array(block).astype(np.int16)), valid)
+
+
+class ContextLensInInt16(NumpySplitK):
+    """Holds context lengths in int16: 40000 tokens become -25536 (an empty row), 70000 become
+    4464."""
+
+    name = "bug-context-lens-in-int16"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        wrapped = np.maximum(problem.context_lens.astype(np.int16), 0).astype(np.int32)
+        super().decode(replace(problem, context_lens=wrapped), out, lse, num_splits=num_splits)
+
+
+class FlatOffsetInInt32(NumpySplitK):
+    """Computes a page's flat element offset ``block * page_stride`` in int32: past 2^31
+    elements it wraps, and the page read is another one."""
+
+    name = "bug-flat-offset-in-int32"
+
+    def load_page(self, problem, block, valid):
+        if block >= 0:
+            stride = problem.page_size * problem.num_kv_heads * problem.head_dim
+            offset = (block * stride + 2**31) % 2**32 - 2**31  # what int32 arithmetic gives
+            block = (offset % problem.k_pages.size) // stride
+        return super().load_page(problem, block, valid)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -379,6 +414,8 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (TruncatesOutput, "oracle/rounding"),
     (SplitPartialsInHalf, "oracle/output"),
     (ScoresHeldInDtype, "oracle/output"),
+    (PageIdsInInt16, "oracle/output"),
+    (ContextLensInInt16, "oracle/output"),
 ]
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from conformance.runner import RunSettings, open_backend, run, select_cases
-from conformance.spec import default_spec
+from conformance.spec import DEFAULT_MAX_CASE_MIB, default_spec
 from tests.planted import PLANTED, Base2WithSentinel, SentinelNotConverted
 
 CI_CASES = select_cases(default_spec(), "ci")
@@ -77,3 +77,21 @@ def test_a_kernel_that_zeroes_masked_slots_fails_only_the_masked_nan_check():
     report = run([backend], CI_CASES, RunSettings(profile="ci"))
     failing = {r.check for r in report.failures}
     assert failing == {"poison/masked-nan"}, failing
+
+
+LARGE_OFFSET = select_cases(default_spec(), "full", ["large-offset"])
+
+
+@pytest.mark.skipif(LARGE_OFFSET[0].problem_bytes > DEFAULT_MAX_CASE_MIB * 2**20,
+                    reason=f"the large-offset case needs about "
+                           f"{LARGE_OFFSET[0].problem_bytes / 2**30:.0f} GiB, over half this "
+                           f"machine's memory ({DEFAULT_MAX_CASE_MIB / 1024:.0f} GiB): "
+                           f"run on a machine with more (the GPU session does)")
+def test_flat_offsets_past_2_31_elements_are_caught():
+    """A flat offset held in int32 only wraps past 2^31 elements: a full-profile case."""
+    settings = RunSettings(profile="full", families=("oracle",))
+    bad = run([open_backend("tests.planted:FlatOffsetInInt32")], LARGE_OFFSET, settings)
+    assert any(r.check == "oracle/output" and r.status == "failed" for r in bad.results), \
+        [(r.check, r.status, r.message) for r in bad.results]
+    good = run([open_backend("numpy")], LARGE_OFFSET, settings)
+    assert good.failures == [] and {r.status for r in good.results} == {"passed"}

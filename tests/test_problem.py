@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from conformance.checks.trial import reference_of
 from conformance.problem import POISONS, logical_kv, materialise, poisoned_outputs
 from conformance.spec import Case, default_spec
 from references import kept_tokens
@@ -128,3 +129,19 @@ def test_poisoned_outputs():
     problem = materialise(make_case())
     out, lse = poisoned_outputs(problem, POISONS[1])
     assert out.dtype == problem.dtype and (out == POISONS[1]).all() and (lse == POISONS[1]).all()
+
+
+def test_a_large_pool_puts_every_page_id_past_the_width_at_every_page_geometry():
+    case = make_case(page_size=1, num_qo_heads=2, num_kv_heads=1, context_lens=(50, 3),
+                     pool_pages=70000, fixed_seed=7)
+    problem = materialise(case)
+    used = problem.block_table[problem.block_table >= 0]
+    assert problem.k_pages.shape[0] == 70000 and used.min() > 65535
+    # a re-layout at another page size keeps the pool's elements, so offsets stay past too
+    other = logical_kv(case).lay_out(4, 1)
+    stride = 4 * 1 * 8
+    assert other.k_pages.size == problem.k_pages.size
+    assert other.block_table[other.block_table >= 0].min() * stride > 65535
+    # and the answer is the same as in a small pool (the oracle reads what the table says)
+    small = materialise(replace(case, pool_pages=0))
+    np.testing.assert_array_equal(reference_of(problem)[0], reference_of(small)[0])
