@@ -27,7 +27,7 @@ POISONS = (float("nan"), -12288.0)
 MASKED_FILLS = ("garbage", "nan")
 GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query
 GARBAGE_VALUE = 1000.0  # magnitude of a garbage value
-GARBAGE_CHUNK = spec.GARBAGE_CHUNK
+GARBAGE_CHUNK = spec.GARBAGE_CHUNK  # elements of garbage drawn; a larger pool repeats them
 
 
 @dataclass(frozen=True)
@@ -169,18 +169,20 @@ class LogicalKV:
 
 def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_scale: float
              ) -> tuple[np.ndarray, np.ndarray]:
-    """Garbage K (normal, scores of ~``GARBAGE_SCORE``) and V (+-``GARBAGE_VALUE``) pages,
-    drawn in chunks of pages so that a pool of billions of elements needs no float64 copy
-    (the draws are the same as in one piece)."""
+    """Garbage K (normal, scores of ~``GARBAGE_SCORE``) and V (+-``GARBAGE_VALUE``) pages.
+
+    At most ``GARBAGE_CHUNK`` elements of each are drawn; a larger pool repeats them (a
+    pool of 2^32 elements would take minutes to draw, and garbage needs no more variety than
+    a wrong page meeting values far off the answer)."""
+    pages = max(1, min(shape[0], GARBAGE_CHUNK // max(1, math.prod(shape[1:]))))
+    drawn = (pages, *shape[1:])
+    k_block = (rng.standard_normal(drawn, dtype=np.float32) * np.float32(key_scale)).astype(dtype)
+    v_block = (np.where(rng.random(drawn) < 0.5, -1.0, 1.0) * GARBAGE_VALUE).astype(dtype)
     k_pages, v_pages = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
-    step = max(1, GARBAGE_CHUNK // max(1, math.prod(shape[1:])))
-    chunks = [slice(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
-    for rows in chunks:  # all of K first, then all of V: the order of one-piece draws
-        k_pages[rows] = rng.standard_normal(k_pages[rows].shape, dtype=np.float32) * \
-            np.float32(key_scale)
-    for rows in chunks:
-        v_pages[rows] = np.where(rng.random(v_pages[rows].shape) < 0.5, -1.0, 1.0) * \
-            GARBAGE_VALUE
+    for start in range(0, shape[0], pages):
+        rows = min(pages, shape[0] - start)
+        k_pages[start:start + rows] = k_block[:rows]
+        v_pages[start:start + rows] = v_block[:rows]
     return k_pages, v_pages
 
 

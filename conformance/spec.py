@@ -26,7 +26,7 @@ from conformance.dtypes import DTYPES, SHORT_NAMES, numpy_dtype
 from conformance.inputs import read_text
 
 SPEC_PATH = Path(__file__).with_name("spec.toml")
-GARBAGE_CHUNK = 1 << 24  # elements of garbage a layout draws at a time (conformance.problem)
+GARBAGE_CHUNK = 1 << 24  # elements of garbage a layout draws at most (conformance.problem)
 SCHEMA = 1  # the spec format this code reads
 
 
@@ -132,7 +132,7 @@ class Case:
         tokens = max(pages + max(2, pages // 2) + 1, self.pool_pages) * self.page_size
         item = np.dtype(numpy_dtype(self.dtype)).itemsize
         # the pool three times (the problem, the worker's copy, a re-laid problem), and the
-        # garbage drawn into it a chunk at a time in float64
+        # garbage drawn for it (at most a chunk, in float64)
         elements = tokens * self.num_kv_heads * self.head_dim
         pool = 2 * (3 * elements * item + 8 * min(elements, GARBAGE_CHUNK))
         logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
