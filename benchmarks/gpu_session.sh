@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
 #        the same trigger raised in Python (tests/hostile_gpu.py): the same verdicts
+#   bash benchmarks/gpu_session.sh index-widths        # issue 17: the planted int32 flat offset
+#        on the full large-offset case (2^31 elements), that case's oracle on the GPU backends
+#        (BACKENDS); PART=2: the ci cases of index widths and very negative scores on them
 #   bash benchmarks/gpu_session.sh upgrade             # the FlashInfer upgrade gate: PROFILE on
 #        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
 #        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
@@ -142,6 +145,31 @@ for key in sorted(set(verdict(plain)) | set(verdict(lost))):
 PY
     done
     gzip -f "$OUT"/fault-*.json
+    ;;
+  index-widths)
+    gpu_backends=(); for name in ${BACKENDS:-triton-paged triton-splitkv triton-contiguous flashinfer flashinfer-tc torch-flex torch-sdpa}; do
+      gpu_backends+=(--backend "$name")
+    done
+    if [[ ${PART:-1} == 1 ]]; then
+      start=$(date +%s)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_planted.py -k flat_offsets \
+        > "$OUT/flat-offset-test.log" 2>&1
+      echo "planted int32 flat offset test rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/index-widths.txt"
+      tail -3 "$OUT/flat-offset-test.log" | tee -a "$OUT/index-widths.txt"
+      runs=("full -k large-offset --check oracle -j 3")
+    else
+      runs=("ci -k q2kv1-d32 -j 8" "ci -k very-negative -j 8")
+    fi
+    for run in "${runs[@]}"; do
+      name=$(echo "$run" | tr -c 'a-z0-9' '-' | cut -c1-40)
+      start=$(date +%s)
+      # shellcheck disable=SC2086
+      timeout "${RUN_TIMEOUT:-300}" python3 -m conformance run --profile $run --case-timeout 400 \
+        "${gpu_backends[@]}" --report-json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+      echo "$run: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/index-widths.txt"
+      grep -v "cases, " "$OUT/$name.log" | tail -30 | cut -c1-400 | tee -a "$OUT/index-widths.txt"
+      rm -f "$OUT/$name.log"; gzip -f "$OUT/$name.json" 2>/dev/null
+    done
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
