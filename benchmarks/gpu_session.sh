@@ -158,7 +158,7 @@ PY
       tail -3 "$OUT/flat-offset-test.log" | tee -a "$OUT/index-widths.txt"
       runs=("full -k large-offset --check oracle -j 3")
     else
-      runs=("ci -k q2kv1-d32 -j 8" "ci -k very-negative -j 8")
+      runs=("ci -k q2kv1-d64 -j 8" "ci -k very-negative -j 8")
     fi
     for run in "${runs[@]}"; do
       name=$(echo "$run" | tr -c 'a-z0-9' '-' | cut -c1-40)
