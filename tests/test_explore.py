@@ -233,3 +233,39 @@ def test_failures_a_manifest_lists_are_not_reported_as_found(tmp_path):
     finally:
         backend.disconnect()
     assert state.examples == 150 and not state.findings, sorted(state.findings)
+
+
+def test_explore_draws_the_wide_regimes_with_tiny_heads():
+    """Issue 17: contexts past int16/uint16, pools past 32767 pages, windows past 64 with
+    sinks, split counts with very negative or large scores, very-negative in 16 bits."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hyp_seed
+
+    from backends.numpy_splitk import NumpySplitK
+    from conformance.strategies import WIDE_COST, cases, cost
+
+    seen: dict[str, int] = dict.fromkeys(
+        ("long context", "wide pool", "wide window with sinks", "splits x scores",
+         "very-negative in 16 bits"), 0)
+
+    @hyp_seed(1)
+    @settings(max_examples=600, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cases(NumpySplitK.capabilities))
+    def draw(case):
+        long = max(case.context_lens) > 32767
+        seen["long context"] += long
+        seen["wide pool"] += case.pool_pages > 32767
+        seen["wide window with sinks"] += bool(
+            case.window and case.window > 64 and case.sinks
+            and max(case.context_lens) > case.window + case.sinks)
+        seen["splits x scores"] += bool(case.num_splits and case.distribution in (
+            "very-negative", "large"))
+        seen["very-negative in 16 bits"] += (case.distribution == "very-negative"
+                                             and case.dtype != "float32")
+        if long or case.pool_pages:
+            assert case.num_kv_heads == 1 and case.num_qo_heads <= 2 and case.head_dim <= 32
+            assert cost(case) <= WIDE_COST
+
+    draw()
+    assert all(count >= 5 for count in seen.values()), seen
