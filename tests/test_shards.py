@@ -21,7 +21,12 @@ def test_shards_partition_the_cases_deterministically_and_balance_their_cost():
     assert sorted(ids) == sorted(c.id for c in cases) and len(set(ids)) == len(ids)
     assert shares == [shard_cases(cases, (k, 4)) for k in range(1, 5)]  # the same every time
     costs = [sum(c.problem_bytes for c in share) for share in shares]
-    assert max(costs) <= 1.2 * min(costs), costs  # balanced by cost, not by count
+    # balanced by cost, not by count: apart by at most the costliest case (the large-offset
+    # case alone outweighs a quarter of the others)
+    assert max(costs) - min(costs) <= max(c.problem_bytes for c in cases), costs
+    ci = default_spec().cases("ci")  # no case dominates there: the shares are close
+    ci_costs = [sum(c.problem_bytes for c in shard_cases(ci, (k, 4))) for k in range(1, 5)]
+    assert max(ci_costs) <= 1.2 * min(ci_costs), ci_costs
     for share in shares:  # each share keeps spec order
         order = [cases.index(c) for c in share]
         assert order == sorted(order)
