@@ -78,7 +78,9 @@ def _positive_int(text: str) -> int:
 def _parents() -> dict[str, argparse.ArgumentParser]:
     """Options several subcommands share, each written once."""
     spec = argparse.ArgumentParser(add_help=False)
-    spec.add_argument("--profile", default="ci")
+    # the default depends on the command (PROFILE_DEFAULTS); a set_defaults on one command
+    # would change this shared action for every command
+    spec.add_argument("--profile", default=None, help="default: ci (full for build)")
     spec.add_argument("--spec", help="a spec TOML other than the built-in one")
     worker = argparse.ArgumentParser(add_help=False)
     worker.add_argument("--case-timeout", type=_seconds, default=DEFAULT_CASE_TIMEOUT,
@@ -205,7 +207,6 @@ def _parser() -> argparse.ArgumentParser:
 
     building = command("build", build_command, "ahead-of-time build of a backend's kernels",
                        "spec")
-    building.set_defaults(profile="full")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     building.add_argument("--bench-shapes", metavar="SET",
@@ -442,8 +443,13 @@ def _cmd_new_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+PROFILE_DEFAULTS = {"build": "full"}  # every other command: ci
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "profile", "") is None:
+        args.profile = PROFILE_DEFAULTS.get(args.command, "ci")
     try:
         return args.handler(args)
     except (SpecError, UnknownBackendError, ManifestError, ValueError, FileExistsError) as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
+from conformance.spec import default_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -204,3 +205,12 @@ def test_gpu_only_backends_are_unavailable_on_a_cpu_with_their_reason():
             "needs a CUDA GPU" in line or "not importable" in line), line
     run = cli("run", "--backend", "flashinfer", "--profile", "smoke")
     assert run.returncode == 2 and "is unavailable here:" in run.stderr
+
+
+def test_run_and_list_default_to_the_ci_profile():
+    """`build` defaults to full; once that default leaked into every command through the
+    shared --profile option, and `run` without --profile ran the full profile."""
+    listed = cli("list")
+    assert listed.returncode == 0, listed.stderr
+    ci = [c.id for c in default_spec().cases("ci")]
+    assert listed.stdout.split() == ci
