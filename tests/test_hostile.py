@@ -18,6 +18,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from conformance.spec import DEFAULT_MAX_CASE_MIB
 from tests.run_cli import ROOT, cli
 
 SINKS = ("--profile", "smoke", "-k", "sinks/")
@@ -271,7 +272,7 @@ def test_bad_options_are_refused_up_front_with_exit_2(args, what):
 @pytest.mark.parametrize("entry,what", [
     ("sm_scale = nan", "field 'sm_scale' must be a finite positive number, got nan"),
     ("sm_scale = inf", "got inf"),
-    ("context_lens = [1000000000]", "over the cap of 8192 MiB"),
+    ("context_lens = [1000000000]", f"over the cap of {DEFAULT_MAX_CASE_MIB:g} MiB"),
 ])
 def test_bad_spec_values_are_refused_before_any_backend_runs(tmp_path, entry, what):
     spec = tmp_path / "spec.toml"
