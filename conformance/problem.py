@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conformance import spec
 from conformance.dtypes import numpy_dtype
-from conformance.spec import Case
+from conformance.spec import GARBAGE_CHUNK, Case  # at most this many garbage elements drawn
 from references import kept_tokens
 
 # Output poisons: a first run sees NaN, a second run a finite value no real output takes.
@@ -27,7 +26,6 @@ POISONS = (float("nan"), -12288.0)
 MASKED_FILLS = ("garbage", "nan")
 GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query
 GARBAGE_VALUE = 1000.0  # magnitude of a garbage value
-GARBAGE_CHUNK = spec.GARBAGE_CHUNK  # elements of garbage drawn; a larger pool repeats them
 
 
 @dataclass(frozen=True)
