@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from conformance.dtypes import DTYPES
+from conformance.dtypes import DTYPES, FP8_DTYPES, SCALE_MODES
 
 if TYPE_CHECKING:
     from conformance.problem import Problem
@@ -40,7 +40,9 @@ class Capabilities:
     ``None`` claims every combination the other fields allow. ``float32_matmul`` is
     ``"ieee"`` or ``"tf32"`` (budgeted like tf32 for float32 cases). ``split_counts`` are the
     counts the split-count invariance check tries; ``deterministic=False`` relaxes the
-    same-bits check.
+    same-bits check. ``kv_dtypes`` are the fp8 formats the backend reads a quantized cache in
+    and ``kv_scales`` the scale layouts it takes (``SCALE_MODES``); ``q_dtypes`` the fp8
+    formats it takes a query in. Empty (the default): K, V and q in the case's dtype only.
     """
 
     dtypes: frozenset[str] = frozenset({"float32", "float16", "bfloat16"})
@@ -54,10 +56,13 @@ class Capabilities:
     split_counts: tuple[int, ...] = ()
     deterministic: bool = True
     instances: frozenset[Instance] | None = None
+    kv_dtypes: frozenset[str] = frozenset()
+    kv_scales: frozenset[str] = frozenset()
+    q_dtypes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # a typo here would claim nothing and pass everything as unsupported: refuse it
-        for name in ("dtypes", "features"):
+        for name in ("dtypes", "features", "kv_dtypes", "kv_scales", "q_dtypes"):
             if isinstance(getattr(self, name), str) or not all(
                     isinstance(v, str) for v in getattr(self, name)):
                 raise ValueError(f"Capabilities.{name} must be a set of names, got "
@@ -72,6 +77,15 @@ class Capabilities:
                     isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
                 raise ValueError(f"Capabilities.{name} must be None (any) or positive integers, "
                                  f"got {sorted(sizes, key=str)!r}")
+        for name, known in (("kv_dtypes", FP8_DTYPES), ("kv_scales", SCALE_MODES),
+                            ("q_dtypes", FP8_DTYPES)):
+            unknown_names = set(getattr(self, name)) - set(known)
+            if unknown_names:
+                raise ValueError(f"Capabilities.{name}: unknown {sorted(unknown_names)}; "
+                                 f"known: {', '.join(known)}")
+        if bool(self.kv_dtypes) != bool(self.kv_scales):
+            raise ValueError(f"Capabilities.kv_dtypes {sorted(self.kv_dtypes)} and kv_scales "
+                             f"{sorted(self.kv_scales)}: a quantized cache needs both")
         unknown = set(self.features) - set(FEATURES)
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {sorted(unknown)}; known: "
@@ -110,6 +124,14 @@ class Capabilities:
             return f"group size {case.group_size} not in capabilities ({_names(self.group_sizes)})"
         if self.max_group_size is not None and case.group_size > self.max_group_size:
             return f"group size {case.group_size} above max_group_size {self.max_group_size}"
+        if case.kv_dtype is not None and case.kv_dtype not in self.kv_dtypes:
+            return (f"kv dtype {case.kv_dtype} not in capabilities "
+                    f"({_names(self.kv_dtypes) or 'none: K and V in the case dtype only'})")
+        if case.kv_dtype is not None and case.kv_scale not in self.kv_scales:
+            return f"kv scale {case.kv_scale} not in capabilities ({_names(self.kv_scales)})"
+        if case.q_dtype is not None and case.q_dtype not in self.q_dtypes:
+            return (f"query dtype {case.q_dtype} not in capabilities "
+                    f"({_names(self.q_dtypes) or 'none: the query in the case dtype only'})")
         missing = case.features - self.features
         if missing:
             return f"feature {', '.join(sorted(missing))} not in capabilities"
@@ -128,7 +150,9 @@ class Capabilities:
                 "features": sorted(self.features), "devices": list(self.devices),
                 "float32_matmul": self.float32_matmul, "split_counts": list(self.split_counts),
                 "deterministic": self.deterministic,
-                "instances": "any" if self.instances is None else len(self.instances)}
+                "instances": "any" if self.instances is None else len(self.instances),
+                "kv_dtypes": sorted(self.kv_dtypes), "kv_scales": sorted(self.kv_scales),
+                "q_dtypes": sorted(self.q_dtypes)}
 
 
     def as_data(self) -> dict[str, object]:
@@ -141,7 +165,9 @@ class Capabilities:
                 "devices": list(self.devices), "float32_matmul": self.float32_matmul,
                 "split_counts": list(self.split_counts), "deterministic": self.deterministic,
                 "instances": None if self.instances is None else
-                [list(i) for i in sorted(self.instances, key=str)]}
+                [list(i) for i in sorted(self.instances, key=str)],
+                "kv_dtypes": listed(self.kv_dtypes), "kv_scales": listed(self.kv_scales),
+                "q_dtypes": listed(self.q_dtypes)}
 
     @classmethod
     def from_data(cls, data: object) -> Capabilities:
@@ -153,7 +179,8 @@ class Capabilities:
 
         def values(name: str, kind: type) -> object:
             value = data[name]
-            if value is None and name not in ("dtypes", "features", "devices", "split_counts"):
+            if value is None and name not in ("dtypes", "features", "devices", "split_counts",
+                                              "kv_dtypes", "kv_scales", "q_dtypes"):
                 return None
             if not isinstance(value, list):
                 raise ValueError(f"Capabilities.{name} must be a list, got {value!r}")
@@ -167,7 +194,10 @@ class Capabilities:
                    float32_matmul=data["float32_matmul"],
                    split_counts=values("split_counts", tuple),
                    deterministic=data["deterministic"],
-                   instances=values("instances", frozenset))
+                   instances=values("instances", frozenset),
+                   kv_dtypes=values("kv_dtypes", frozenset),
+                   kv_scales=values("kv_scales", frozenset),
+                   q_dtypes=values("q_dtypes", frozenset))
 
 
 DEVICES = ("cpu", "cuda", "cpu-interpreter")  # the last: Triton's interpreter on a CPU

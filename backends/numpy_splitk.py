@@ -2,9 +2,10 @@
 
 It walks the block table page by page, keeps per-split partial states (running max ``m``,
 denominator ``l``, accumulator ``acc``) in float32, packs the query heads of a GQA group
-into one tile, and combines the splits with a log-sum-exp merge. Its seams (``kv_head_map``,
-``valid_tokens``, ``load_page``, ``held_scores``, ``accumulator``, ``combine``, ``store``) are
-where the suite's planted bugs go.
+into one tile, and combines the splits with a log-sum-exp merge; an fp8 cache is dequantized
+page by page on load. Its seams (``kv_head_map``, ``valid_tokens``, ``load_page``, ``page``,
+``codes``, ``page_scales``, ``query``, ``held_scores``, ``accumulator``, ``combine``,
+``store``) are where the suite's planted bugs go.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities
+from conformance.dtypes import FP8_DTYPES, SCALE_MODES
 from conformance.problem import Problem
 
 F32 = np.float32
@@ -24,7 +26,8 @@ class NumpySplitK(Backend):
     description = "split-K paged decode in NumPy: float32 partial states, GQA-packed, LSE merge"
     capabilities = Capabilities(features=frozenset({"lse", "merge", "split_k", "sliding_window",
                                                     "sinks"}),
-                                split_counts=(1, 3, 8))
+                                split_counts=(1, 3, 8), kv_dtypes=frozenset(FP8_DTYPES),
+                                kv_scales=frozenset(SCALE_MODES), q_dtypes=frozenset(FP8_DTYPES))
 
     def default_splits(self, problem: Problem) -> int:
         longest = int(problem.context_lens.max(initial=0))
@@ -47,9 +50,33 @@ class NumpySplitK(Backend):
         """K and V of one page as float32, masked to ``valid``; None skips an unallocated page."""
         if block < 0:
             return None
-        keys = np.where(valid[:, None, None], problem.k_pages[block].astype(F32), F32(0))
-        values = np.where(valid[:, None, None], problem.v_pages[block].astype(F32), F32(0))
+        keys, values = self.page(problem, block)
+        return (np.where(valid[:, None, None], keys, F32(0)),
+                np.where(valid[:, None, None], values, F32(0)))
+
+    def page(self, problem: Problem, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of physical page ``block`` as float32, every slot: a quantized page
+        dequantized on load, as a GPU kernel would (codes times ``page_scales``)."""
+        keys, values = self.codes(problem, block)
+        if problem.k_scale is not None:
+            keys = keys * self.page_scales(problem.k_scale, block)[..., None]
+            values = values * self.page_scales(problem.v_scale, block)[..., None]
         return keys, values
+
+    def codes(self, problem: Problem, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """What page ``block`` stores, as float32 (an fp8 code's value is exact there)."""
+        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
+
+    def page_scales(self, scale: np.ndarray, block: int) -> np.ndarray:
+        """``(page_size or 1, kv_heads or 1)`` float32 scales of one page's tokens."""
+        return scale[block] if scale.ndim == 3 else scale.reshape(1, -1)
+
+    def query(self, problem: Problem, b: int) -> np.ndarray:
+        """Row ``b``'s query heads as float32, times sm_scale (and an fp8 query's scale)."""
+        scale = F32(problem.sm_scale)
+        if problem.q_scale is not None:
+            scale = scale * problem.q_scale.astype(F32)[0]
+        return problem.q[b].astype(F32) * scale
 
     def held_scores(self, scores: np.ndarray, problem: Problem) -> np.ndarray:
         """A page's scores as the softmax sees them: float32, as computed."""
@@ -86,7 +113,7 @@ class NumpySplitK(Backend):
         order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
         for b in range(problem.batch):
             n = int(problem.context_lens[b])
-            q = (problem.q[b].astype(F32) * F32(problem.sm_scale))[order].reshape(hkv, -1, d)
+            q = self.query(problem, b)[order].reshape(hkv, -1, d)
             split_len = math.ceil(n / splits)
             partials = []
             for s in range(splits):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.dtypes import DTYPES, SHORT_NAMES, numpy_dtype
+from conformance.dtypes import DTYPES, FP8_DTYPES, SCALE_MODES, SHORT_NAMES, numpy_dtype
 from conformance.inputs import read_text
 
 SPEC_PATH = Path(__file__).with_name("spec.toml")
@@ -52,6 +52,18 @@ DISTRIBUTIONS = {
 }
 
 
+# How a quantized cache's scales are drawn from the values they quantize.
+KV_SCALINGS = {
+    "fit": "each scale maps its largest value to 80-100% of the format's maximum (never a "
+           "power of two on purpose)",
+    "spread": "KV head h's keys and values grow by 1000^(h/(heads-1)) (the query shrinks to "
+              "match, so scores stay): per-head scales 1000x apart",
+    "saturate": "scales a quarter of the fit: the largest values saturate at the format's "
+                "maximum",
+    "subnormal": "scales so large that the values land on the format's subnormal codes",
+}
+
+
 class SpecError(ValueError):
     """A spec entry that cannot become a case; the message names the entry and the field."""
 
@@ -75,6 +87,10 @@ class Case:
     shared_pages: int = 0
     table_padding: int = 3
     pool_pages: int = 0  # the pool holds at least this many pages, the case's at its end
+    kv_dtype: str | None = None  # an fp8 format: K and V stored as codes with scales
+    kv_scale: str = "per-tensor"  # with kv_dtype: the scales' layout (SCALE_MODES)
+    kv_scaling: str = "fit"  # with kv_dtype: how the scales are drawn (KV_SCALINGS)
+    q_dtype: str | None = None  # an fp8 format: the query stored as codes with a q_scale
     tag: str = ""
     fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
@@ -83,6 +99,12 @@ class Case:
     def id(self) -> str:
         shape = (f"q{self.num_qo_heads}kv{self.num_kv_heads}-d{self.head_dim}"
                  f"-ps{self.page_size}-{SHORT_NAMES[self.dtype]}")
+        if self.q_dtype is not None:
+            shape += f"-q-{SHORT_NAMES[self.q_dtype]}"
+        if self.kv_dtype is not None:
+            shape += f"-kv-{SHORT_NAMES[self.kv_dtype]}-{self.kv_scale}"
+            if self.kv_scaling != Case.kv_scaling:
+                shape += f"-{self.kv_scaling}"
         ctx = self.batch_label or "[" + ",".join(map(str, self.context_lens)) + "]"
         detail = f"ctx{ctx}"
         if self.window is not None:
@@ -131,10 +153,13 @@ class Case:
         pages = sum(-(-n // self.page_size) for n in self.context_lens)
         tokens = max(pages + max(2, pages // 2) + 1, self.pool_pages) * self.page_size
         item = np.dtype(numpy_dtype(self.dtype)).itemsize
+        stored = 1 if self.kv_dtype is not None else item
         # the pool three times (the problem, the worker's copy, a re-laid problem), and the
-        # garbage drawn for it (at most a chunk, in float64)
+        # garbage drawn for it (at most a chunk, in float64); per-token scales beside it
         elements = tokens * self.num_kv_heads * self.head_dim
-        pool = 2 * (3 * elements * item + 8 * min(elements, GARBAGE_CHUNK))
+        pool = 2 * (3 * elements * stored + 8 * min(elements, GARBAGE_CHUNK))
+        if self.kv_dtype is not None and self.kv_scale == "per-token":
+            pool += 2 * 3 * 4 * tokens * self.num_kv_heads
         logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
         kept = 2 * sum(self.context_lens) * self.num_qo_heads * self.head_dim * 8
         rows = self.batch * self.num_qo_heads
@@ -186,8 +211,11 @@ class Spec:
 _INT_FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "window", "sinks",
                "num_splits", "shared_pages", "table_padding", "pool_pages", "seed")
 _CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtype",
-                                                   "fixed_seed"}) | {"seed"}
-_FIELD_NAMES = sorted(_CASE_FIELDS | {"dtypes"})
+                                                   "fixed_seed", "kv_dtype", "q_dtype"}) | {"seed"}
+_CROSSED = {"dtypes": ("dtype", DTYPES), "kv_dtypes": ("kv_dtype", FP8_DTYPES),
+            "q_dtypes": ("q_dtype", FP8_DTYPES)}  # lists every case is crossed with
+_NAMED = {"distribution": DISTRIBUTIONS, "kv_scale": SCALE_MODES, "kv_scaling": KV_SCALINGS}
+_FIELD_NAMES = sorted(_CASE_FIELDS | set(_CROSSED))
 _FAMILY_KEYS = {"name", "doc", "profiles", "set", "grid", "variants"}
 
 
@@ -222,8 +250,9 @@ def _context_lens(where: str, value: Any) -> tuple[tuple[int, ...], str]:
                     f"{{batch, min, max}}, got {value!r}")
 
 
-def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -> Case:
-    kwargs: dict[str, Any] = {}
+def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
+               kv_dtype: str | None = None, q_dtype: str | None = None) -> Case:
+    kwargs: dict[str, Any] = {"kv_dtype": kv_dtype, "q_dtype": q_dtype}
     for name, value in values.items():
         if name == "context_lens":
             kwargs["context_lens"], kwargs["batch_label"] = _context_lens(where, value)
@@ -238,9 +267,12 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
                 raise SpecError(f"{where}: field 'sm_scale' must be a finite positive number, "
                                 f"got {value!r}")
             kwargs[name] = float(value)
-        elif name in ("distribution", "tag"):
+        elif name in ("tag", *_NAMED):
             if not isinstance(value, str):
                 raise SpecError(f"{where}: field {name!r} must be a string, got {value!r}")
+            if name in _NAMED and value not in _NAMED[name]:
+                raise SpecError(f"{where}: field {name!r} is {value!r}; known: "
+                                f"{', '.join(_NAMED[name])}")
             kwargs[name] = value
     for required in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "context_lens"):
         if required not in kwargs:
@@ -248,10 +280,13 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
     if kwargs["num_qo_heads"] % kwargs["num_kv_heads"]:
         raise SpecError(f"{where}: num_qo_heads={kwargs['num_qo_heads']} is not a multiple of "
                         f"num_kv_heads={kwargs['num_kv_heads']}")
-    distribution = kwargs.get("distribution", "normal")
-    if distribution not in DISTRIBUTIONS:
-        raise SpecError(f"{where}: field 'distribution' is {distribution!r}; known: "
-                        f"{', '.join(DISTRIBUTIONS)}")
+    for name in ("kv_scale", "kv_scaling"):
+        if name in kwargs and kv_dtype is None:
+            raise SpecError(f"{where}: field {name!r} needs 'kv_dtypes' (scales belong to a "
+                            f"quantized cache)")
+    if kwargs.get("kv_scaling") == "spread" and kwargs["num_kv_heads"] < 2:
+        raise SpecError(f"{where}: field 'kv_scaling' = 'spread' needs num_kv_heads >= 2, got "
+                        f"{kwargs['num_kv_heads']}")
     if kwargs.get("sinks") and "window" not in kwargs:
         raise SpecError(f"{where}: field 'sinks' needs a 'window' (sinks are the tokens a "
                         f"sliding window keeps)")
@@ -260,12 +295,14 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str) -
     return Case(family=family, dtype=dtype, **kwargs)
 
 
-def _dtypes(where: str, value: Any) -> list[str]:
+def _dtypes(where: str, value: Any, field_name: str = "dtypes") -> list[str]:
+    known = _CROSSED[field_name][1]
     if not isinstance(value, list) or not value:
-        raise SpecError(f"{where}: field 'dtypes' must be a non-empty list, got {value!r}")
+        raise SpecError(f"{where}: field {field_name!r} must be a non-empty list, got {value!r}")
     for name in value:
-        if name not in DTYPES:
-            raise SpecError(f"{where}: field 'dtypes' names {name!r}; known: {', '.join(DTYPES)}")
+        if name not in known:
+            raise SpecError(f"{where}: field {field_name!r} names {name!r}; known: "
+                            f"{', '.join(known)}")
     return value
 
 
@@ -308,8 +345,12 @@ def _expand_family(entry: Mapping[str, Any], index: int, defaults: Mapping[str, 
         for combo in itertools.product(*grid.values()):
             values = {**defaults, **base, **dict(zip(grid, combo, strict=True)), **variant}
             dtypes = _dtypes(variant_where, values.pop("dtypes", list(DTYPES)))
-            for dtype in dtypes:
-                case = _make_case(variant_where, name, values, dtype)
+            kv_dtypes = _dtypes(variant_where, values.pop("kv_dtypes"), "kv_dtypes") \
+                if "kv_dtypes" in values else [None]
+            q_dtypes = _dtypes(variant_where, values.pop("q_dtypes"), "q_dtypes") \
+                if "q_dtypes" in values else [None]
+            for dtype, kv_dtype, q_dtype in itertools.product(dtypes, kv_dtypes, q_dtypes):
+                case = _make_case(variant_where, name, values, dtype, kv_dtype, q_dtype)
                 cases.setdefault(case.id, case)
     return Family(name=name, doc=doc, profiles=tuple(family_profiles), cases=tuple(cases.values()))
 

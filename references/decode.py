@@ -19,22 +19,51 @@ def kept_tokens(context_len: int, window: int | None, sinks: int) -> np.ndarray:
 
 
 def gather_sequence(k_pages: np.ndarray, v_pages: np.ndarray, block_row: np.ndarray,
-                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """K and V of the given token positions of one sequence, shape (tokens, heads_kv, dim)."""
+                    positions: np.ndarray, k_scale: np.ndarray | None = None,
+                    v_scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of the given token positions of one sequence, shape (tokens, heads_kv, dim):
+    as stored, or, for a quantized cache (scales given), the float64 values the codes denote.
+    """
     page_size = k_pages.shape[1]
     pages = block_row[positions // page_size]
     if np.any(pages < 0):
         raise ValueError(f"block_table holds -1 for a token that must be read: positions "
                          f"{positions[pages < 0][:8].tolist()}")
     slots = positions % page_size
-    return k_pages[pages, slots], v_pages[pages, slots]
+    keys, values = k_pages[pages, slots], v_pages[pages, slots]
+    if k_scale is None:
+        return keys, values
+    return (dequantize(keys, token_scales(k_scale, pages, slots, keys.shape[1])),
+            dequantize(values, token_scales(v_scale, pages, slots, keys.shape[1])))
+
+
+def token_scales(scale: np.ndarray, pages: np.ndarray, slots: np.ndarray,
+                 num_kv_heads: int) -> np.ndarray:
+    """``(tokens, heads_kv)``: the scale of each gathered token and head. ``scale`` is
+    ``(1,)`` (per tensor), ``(heads_kv,)`` (per head) or ``(pages, page_size, heads_kv)``
+    (per token, paged like the pages)."""
+    scale = np.asarray(scale, dtype=np.float64)
+    if scale.ndim == 3:
+        return scale[pages, slots]
+    return np.broadcast_to(scale.reshape(1, -1), (len(pages), num_kv_heads))
+
+
+def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """What fp8 codes ``(tokens, heads, dim)`` denote: ``code * scale``, exactly, in float64."""
+    return codes.astype(np.float64) * scales[..., None]
 
 
 def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      block_table: np.ndarray, context_lens: np.ndarray, *,
                      sm_scale: float, window: int | None = None, sinks: int = 0,
-                     precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+                     k_scale: np.ndarray | None = None, v_scale: np.ndarray | None = None,
+                     q_scale: np.ndarray | None = None, precision: type = np.float64
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
+
+    A quantized cache (fp8 codes in the pages, ``k_scale``/``v_scale`` as in
+    ``token_scales``) and an fp8 query (``q_scale``, shape ``(1,)``) are read as the values
+    they denote, ``code * scale``: the oracle is exact for them as for any other input.
 
     ``precision`` other than float64 recomputes the same formula as a careful kernel in that
     precision would: inputs in ``precision``; scores, their maximum, exponentials and sums
@@ -45,6 +74,8 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     """
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
+    if q_scale is not None:
+        q = q.astype(np.float64) * float(np.asarray(q_scale).reshape(-1)[0])
     group = num_qo_heads // num_kv_heads
 
     accumulate = np.float64 if precision == np.float64 else np.float32
@@ -58,7 +89,8 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
         positions = kept_tokens(int(context_lens[b]), window, sinks)
         if positions.size == 0:
             continue
-        keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions)
+        keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions, k_scale,
+                                       v_scale)
         for h in range(num_qo_heads):
             out[b, h], lse[b, h] = _attend(q[b, h], keys[:, h // group], values[:, h // group],
                                            accumulate(sm_scale), rounded)

@@ -111,7 +111,7 @@ class MinusOneAsPageZero(NumpySplitK):
     def load_page(self, problem, block, valid):
         if block >= 0:
             return super().load_page(problem, block, valid)
-        return problem.k_pages[0].astype(F32), problem.v_pages[0].astype(F32)
+        return self.page(problem, 0)
 
 
 class SplitsAveraged(NumpySplitK):
@@ -155,8 +155,7 @@ class StalePageCache(NumpySplitK):
             return None
         key = (problem.k_pages.shape, problem.k_pages.dtype.str, block)
         if key not in self.cache:
-            self.cache[key] = (problem.k_pages[block].astype(F32),
-                               problem.v_pages[block].astype(F32))
+            self.cache[key] = self.page(problem, block)
         keys, values = self.cache[key]
         mask = valid[:, None, None]
         return np.where(mask, keys, F32(0)), np.where(mask, values, F32(0))
@@ -214,7 +213,7 @@ class MasksByZeroWeight(NumpySplitK):
     def load_page(self, problem, block, valid):
         if block < 0:
             return None
-        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
+        return self.page(problem, block)
 
 
 class LastRowRoundedToHalf(NumpySplitK):
@@ -381,6 +380,95 @@ class FlatOffsetInInt32(NumpySplitK):
         return super().load_page(problem, block, valid)
 
 
+class VScaleIgnored(NumpySplitK):
+    """Dequantizes K with its scales and reads V codes as they are: v_scale never applied."""
+
+    name = "bug-v-scale-ignored"
+
+    def page(self, problem, block):
+        keys, values = self.codes(problem, block)
+        if problem.k_scale is not None:
+            keys = keys * self.page_scales(problem.k_scale, block)[..., None]
+        return keys, values
+
+
+class KScaleForV(NumpySplitK):
+    """Dequantizes V with K's scales (one scale argument passed for both)."""
+
+    name = "bug-k-scale-for-v"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if problem.k_scale is not None:
+            problem = replace(problem, v_scale=problem.k_scale)
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class PerHeadScaleByQueryHead(NumpySplitK):
+    """Indexes per-head scales by the group's first query head (``kv_head * group``, wrapped
+    into the array) instead of by the KV head."""
+
+    name = "bug-per-head-scale-by-query-head"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if problem.kv_scale == "per-head":
+            heads = (np.arange(problem.num_kv_heads) * problem.group_size) % problem.num_kv_heads
+            problem = replace(problem, k_scale=problem.k_scale[heads],
+                              v_scale=problem.v_scale[heads])
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class PerTokenScaleOfFirstSlot(NumpySplitK):
+    """Reads one scale per page, its first slot's, for every token of the page (a kernel
+    written for per-block scales given per-token ones)."""
+
+    name = "bug-per-token-scale-of-first-slot"
+
+    def page_scales(self, scale, block):
+        scales = super().page_scales(scale, block)
+        return np.broadcast_to(scales[:1], scales.shape) if scale.ndim == 3 else scales
+
+
+class E5m2ReadAsE4m3(NumpySplitK):
+    """Reinterprets e5m2 codes as e4m3fn bytes (one fp8 dtype assumed for the cache)."""
+
+    name = "bug-e5m2-read-as-e4m3"
+
+    def codes(self, problem, block):
+        keys, values = problem.k_pages[block], problem.v_pages[block]
+        if keys.dtype == ml_dtypes.float8_e5m2:
+            keys = keys.view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+            values = values.view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        return keys.astype(F32), values.astype(F32)
+
+
+class ScaleCompiledIn(NumpySplitK):
+    """Keeps the per-tensor or per-head scales it first saw with a KV cache for as long as
+    that cache holds the same codes (scales read once when the cache was registered, or baked
+    into a captured graph): right on every fresh cache, stale once only the scales change."""
+
+    name = "bug-scale-compiled-in"
+
+    def __init__(self):
+        self.scales: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        if problem.kv_scale in ("per-tensor", "per-head"):
+            key = (problem.k_pages.shape, hash(problem.k_pages.tobytes()))
+            k_scale, v_scale = self.scales.setdefault(key, (problem.k_scale.copy(),
+                                                            problem.v_scale.copy()))
+            problem = replace(problem, k_scale=k_scale, v_scale=v_scale)
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
+class QScaleIgnored(NumpySplitK):
+    """Reads an fp8 query's codes without its scale."""
+
+    name = "bug-q-scale-ignored"
+
+    def query(self, problem, b):
+        return problem.q[b].astype(F32) * F32(problem.sm_scale)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -416,6 +504,13 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (ScoresHeldInDtype, "oracle/output"),
     (PageIdsInInt16, "oracle/output"),
     (ContextLensInInt16, "oracle/output"),
+    (VScaleIgnored, "oracle/output"),
+    (KScaleForV, "oracle/output"),
+    (PerHeadScaleByQueryHead, "oracle/output"),
+    (PerTokenScaleOfFirstSlot, "oracle/output"),
+    (E5m2ReadAsE4m3, "oracle/output"),
+    (ScaleCompiledIn, "invariance/kv-scale"),
+    (QScaleIgnored, "oracle/output"),
 ]
 
 

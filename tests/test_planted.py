@@ -79,6 +79,16 @@ def test_a_kernel_that_zeroes_masked_slots_fails_only_the_masked_nan_check():
     assert failing == {"poison/masked-nan"}, failing
 
 
+def test_scales_held_from_an_earlier_call_fail_only_the_kv_scale_invariance():
+    """A kernel right on every fresh cache, stale when only the scales change: the oracle and
+    every re-layout see fresh caches, so ``invariance/kv-scale`` alone can catch it."""
+    backend = open_backend("tests.planted:ScaleCompiledIn")
+    fp8 = [case for case in CI_CASES if case.kv_dtype is not None]
+    report = run([backend], fp8, RunSettings(profile="ci"))
+    failing = {r.check for r in report.failures}
+    assert failing == {"invariance/kv-scale"}, failing
+
+
 LARGE_OFFSET = select_cases(default_spec(), "full", ["large-offset"])
 
 

@@ -19,6 +19,18 @@ def make_case(**fields):
     return Case(**{**base, **fields})
 
 
+def denoted(problem):
+    """The values every slot's K and V denote, float64 (codes times scales for fp8)."""
+    keys, values = problem.k_pages.astype(np.float64), problem.v_pages.astype(np.float64)
+    if problem.k_scale is None:
+        return keys, values
+    slots = keys.shape[:3]
+
+    def scales(scale):
+        return np.broadcast_to(scale if scale.ndim == 3 else scale.reshape(1, 1, -1), slots)
+    return keys * scales(problem.k_scale)[..., None], values * scales(problem.v_scale)[..., None]
+
+
 def slot_roles(problem):
     """Per physical slot: True if some sequence reads it."""
     read = np.zeros(problem.k_pages.shape[:2], dtype=bool)
@@ -33,9 +45,14 @@ def test_every_slot_not_read_is_nan_in_the_nan_layout_and_the_layouts_agree(case
     garbage, problem = materialise(case), materialise(case, masked="nan")
     read = slot_roles(problem)
     values = problem.k_pages.astype(np.float32)
-    assert np.isnan(values[~read]).all()
+    if case.kv_dtype == "float8_e5m2":  # the format has inf: its keys hold that
+        assert np.isposinf(values[~read]).all()
+    else:
+        assert np.isnan(values[~read]).all()
     assert np.isfinite(values[read]).all()
     assert np.isnan(problem.v_pages.astype(np.float32)[~read]).all()
+    if case.kv_scale == "per-token" and case.kv_dtype:
+        assert np.isnan(problem.k_scale[~read]).all() and np.isnan(problem.v_scale[~read]).all()
     # the same layout, only the masked fill differs
     assert (garbage.block_table == problem.block_table).all()
     assert (garbage.k_pages[read] == problem.k_pages[read]).all()
@@ -46,13 +63,20 @@ def test_every_slot_not_read_is_nan_in_the_nan_layout_and_the_layouts_agree(case
 def test_garbage_would_change_the_answer_far_beyond_any_budget(case):
     problem = materialise(case)
     read = slot_roles(problem)
-    values = np.abs(problem.v_pages.astype(np.float32)[~read])
-    assert (values == 1000.0).all()
+    keys, values = denoted(problem)
+    garbage = np.abs(values[~read])  # (slots, kv_heads, dim)
+    if case.kv_dtype is None:
+        assert (garbage == 1000.0).all()
+    elif (~read).any() and read.any():  # 1000, or saturated: as far as the format reaches
+        largest = np.abs(values[read]).max(axis=(0, 2))
+        assert (garbage.min(axis=(0, 2)) >= np.minimum(900.0, largest)).all()
     if (~read).any() and case.distribution != "uniform":
         # a normal query meets scores of ~20 standard deviations among the garbage keys
-        keys = problem.k_pages.astype(np.float64)[~read]
+        keys = keys[~read]
         scale = np.std(keys) * math.sqrt(case.head_dim) * case.scale
-        assert scale > 10
+        # an fp8 scale caps what a slot can denote: saturated garbage keys give scores of
+        # ~4.5 standard deviations (weights e^4.5 times a real token's), 20 otherwise
+        assert scale > (10 if case.kv_dtype is None else 4)
 
 
 def test_pool_is_larger_than_needed_and_page_zero_is_never_used():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from conformance.checks.trial import (
     seed,
     unsupported,
 )
-from conformance.problem import Problem
+from conformance.problem import LogicalKV, Problem, canonical_layout_seed
 from conformance.spec import with_changes
 from conformance.status import Status
 
@@ -54,6 +53,8 @@ def check_invariance(trial: Trial) -> list[Outcome]:
                          lambda: unsupported("invariance/split-count",
                                              "feature split_k not in capabilities")))
     variants.append(("invariance/page-size", lambda: _other_page_size(trial)))
+    if problem.k_scale is not None:
+        variants.append(("invariance/kv-scale", lambda: _rescaled(trial)))
     return run_each(variants)
 
 
@@ -79,20 +80,13 @@ def _neighbours(trial: Trial) -> Outcome:
     """Each sequence gets new neighbours (fresh sequences of other lengths between its rows)."""
     logical, case = trial.logical, trial.case
     rng = np.random.default_rng(seed(case, "neighbours"))
-    dtype = logical.q.dtype
-    q, keys, values, keep = [], [], [], []
+    parts, keep = [], []
     for b in range(len(logical.keys)):
-        n = int(rng.integers(0, 3 * case.page_size + 5))
-        q.append(rng.standard_normal(logical.q.shape[1:]).astype(dtype))
-        keys.append(rng.standard_normal((n, *logical.keys[b].shape[1:])).astype(dtype))
-        values.append(rng.standard_normal((n, *logical.keys[b].shape[1:])).astype(dtype))
-        keep.append(len(q))
-        q.append(logical.q[b])
-        keys.append(logical.keys[b])
-        values.append(logical.values[b])
-    mixed = replace(logical, q=np.stack(q), keys=tuple(keys), values=tuple(values))
-    problem = mixed.lay_out(case.page_size, seed(case, "neighbour-layout"),
-                             case.table_padding)
+        parts.append(logical.fresh(rng, int(rng.integers(0, 3 * case.page_size + 5))))
+        keep.append(len(parts))
+        parts.append(logical.select([b]))
+    problem = LogicalKV.concat(parts).lay_out(case.page_size, seed(case, "neighbour-layout"),
+                                              case.table_padding)
     return _same_answer(trial, "invariance/neighbours", problem, keep=keep)
 
 
@@ -102,10 +96,25 @@ def _as_mha(trial: Trial) -> Outcome:
     reason = trial.backend.unsupported_reason(with_changes(case, num_kv_heads=case.num_qo_heads))
     if reason:
         return unsupported("invariance/gqa-as-mha", reason)
-    mha = replace(logical, keys=tuple(np.repeat(k, g, axis=1) for k in logical.keys),
-                  values=tuple(np.repeat(v, g, axis=1) for v in logical.values))
-    return _same_answer(trial, "invariance/gqa-as-mha",
-                        mha.lay_out(case.page_size, seed(case, "gqa-as-mha"), case.table_padding))
+    return _same_answer(trial, "invariance/gqa-as-mha", logical.repeat_heads(g).lay_out(
+        case.page_size, seed(case, "gqa-as-mha"), case.table_padding))
+
+
+def _rescaled(trial: Trial) -> Outcome:
+    """The same fp8 codes read with K scales doubled and V scales halved, the query halved to
+    match: the scores stay and the output halves, exactly. A kernel that holds the scales it
+    saw first (or bakes them into a compiled kernel) answers the old problem."""
+    case = trial.case
+    # the canonical layout: the problem differs from the base run's in its scales alone
+    problem = trial.logical.rescaled(2.0, 0.5).lay_out(
+        case.page_size, canonical_layout_seed(case), case.table_padding, case.shared_pages)
+    run = trial.decode(problem)
+    if run.exception:
+        return Outcome("invariance/kv-scale", Status.ERROR, message=run.exception)
+    doubled = AttentionState(np.asarray(run.out, np.float64) * 2.0, run.lse)
+    base = trial.first_run
+    return trial.compare("invariance/kv-scale", doubled, np.asarray(base.out, np.float64),
+                         base.lse, what="K scales x2, V scales x0.5, query x0.5")
 
 
 def _other_page_size(trial: Trial) -> Outcome:

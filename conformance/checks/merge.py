@@ -45,10 +45,8 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
 
     def segment(j: int) -> Problem:
         rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
-        keys = tuple(k[r] for k, r in zip(logical.keys, rows, strict=True))
-        values = tuple(v[r] for v, r in zip(logical.values, rows, strict=True))
         # a segment holds kept tokens only: no window or sinks left to apply
-        part = replace(logical, keys=keys, values=values, window=None, sinks=0)
+        part = replace(logical.take(rows), window=None, sinks=0)
         return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
 
     states, laid = [], [segment(0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,11 +26,22 @@ def check_oracle(trial: Trial) -> list[Outcome]:
     if run.exception:
         return [errored("oracle/output", run), errored("oracle/lse", run)]
     ref_out, ref_lse = trial.reference
-    outcomes = [trial.compare("oracle/output", run.state, ref_out, None),
+    outcomes = [_with_quantization(trial, trial.compare("oracle/output", run.state, ref_out,
+                                                         None)),
                 trial.compare("oracle/lse", run.state, None, ref_lse) if "lse" in trial.has
                 else unsupported("oracle/lse", "feature lse not in capabilities")]
     rounding = _rounding(trial, run.out)
     return outcomes + ([rounding] if rounding else [])
+
+
+def _with_quantization(trial: Trial, outcome: Outcome) -> Outcome:
+    """An fp8 case's output verdict, with what the format itself costs beside it."""
+    error = trial.quantization_error
+    if error is None:
+        return outcome
+    note = (f"fp8 storage moves the float64 answer by {error:.3g} (output error against the "
+            f"unquantized values; information, not part of the verdict)")
+    return replace(outcome, message=f"{outcome.message}; {note}" if outcome.message else note)
 
 
 def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:

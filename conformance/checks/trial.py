@@ -42,6 +42,7 @@ from conformance.tolerances import (
     trivial_answers,
 )
 from references import decode_reference
+from references.decode import gather_sequence
 
 
 @dataclass(frozen=True)
@@ -123,17 +124,27 @@ class Trial:
                                self.problem.sm_scale, self.reference[0])
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each."""
+        """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each (the
+        values a quantized cache's codes denote)."""
         problem = self.problem
         heads = np.arange(problem.num_qo_heads) // problem.group_size
         keys, values = [], []
         for b in range(problem.batch):
-            kept = problem.kept(b)
-            pages, slots = problem.block_table[b, kept // problem.page_size], \
-                kept % problem.page_size
-            keys.append(problem.k_pages[pages, slots].astype(np.float64)[:, heads])
-            values.append(problem.v_pages[pages, slots].astype(np.float64)[:, heads])
+            k, v = gather_sequence(problem.k_pages, problem.v_pages, problem.block_table[b],
+                                   problem.kept(b), problem.k_scale, problem.v_scale)
+            keys.append(k.astype(np.float64)[:, heads])
+            values.append(v.astype(np.float64)[:, heads])
         return keys, values
+
+    @cached_property
+    def quantization_error(self) -> float | None:
+        """How far storing this case in fp8 moves the float64 answer (output error of the
+        oracle on the codes against the oracle on the values before quantizing): what the
+        format costs, reported beside the verdict and never part of it."""
+        if self.problem.k_scale is None and self.problem.q_scale is None:
+            return None
+        exact = materialise(self.case, quantized=False)
+        return output_error(self.reference[0], reference_of(exact)[0])
 
     @property
     def empty_lse(self) -> float:
@@ -221,7 +232,9 @@ def reversed_dims(problem: Problem) -> Problem:
 def reference_of(problem: Problem, precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
     return decode_reference(problem.q, problem.k_pages, problem.v_pages, problem.block_table,
                             problem.context_lens, sm_scale=problem.sm_scale,
-                            window=problem.window, sinks=problem.sinks, precision=precision)
+                            window=problem.window, sinks=problem.sinks,
+                            k_scale=problem.k_scale, v_scale=problem.v_scale,
+                            q_scale=problem.q_scale, precision=precision)
 
 
 def locate(got: np.ndarray, want: np.ndarray) -> str:
