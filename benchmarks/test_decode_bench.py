@@ -69,6 +69,9 @@ def gpu_copy_rate(backend):
 def test_decode(benchmark, backend, shape, gpu_copy_rate):
     if benchmark.disabled:
         pytest.skip("benchmarks are disabled (--benchmark-disable, or under xdist)")
+    reason = backend.instance().unsupported_reason(shape.case())
+    if reason:
+        pytest.skip(f"unsupported: {reason}")
     call = prepared_call(backend.instance(), shape)
     if backend.instance().timing_device() == "cuda":
         from conformance.bench import capture_graph

@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import Backend
-from conformance.dtypes import numpy_dtype
+from conformance.dtypes import FP8_DTYPES, SHORT_NAMES, numpy_dtype
 from conformance.problem import materialise, poisoned_outputs
 from conformance.spec import Case
 from conformance.worker import ContractError
 
 BENCH_PATH = Path(__file__).with_name("bench.toml")
 _FIELDS = {"name", "sets", "batch", "context", "num_qo_heads", "num_kv_heads", "head_dim",
-           "page_size", "dtype"}
+           "page_size", "dtype", "kv_dtypes"}
 
 
 @dataclass(frozen=True)
@@ -44,29 +44,44 @@ class BenchShape:
     head_dim: int = 128
     page_size: int = 16
     dtype: str = "float16"
+    kv_dtype: str | None = None  # an fp8 cache (per-tensor scales), else K and V in dtype
 
     def case(self) -> Case:
         return Case(family="bench", tag=self.name, num_qo_heads=self.num_qo_heads,
                     num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                     page_size=self.page_size, dtype=self.dtype,
-                    context_lens=(self.context,) * self.batch,
+                    context_lens=(self.context,) * self.batch, kv_dtype=self.kv_dtype,
                     batch_label=f"{self.batch}x[{self.context}]")
 
     @property
     def kv_bytes(self) -> int:
-        """K and V of every token, read once: the bytes no kernel can avoid moving."""
-        itemsize = np.dtype(numpy_dtype(self.dtype)).itemsize
+        """K and V of every token, read once: the bytes no kernel can avoid moving (an fp8
+        cache's codes; its two per-tensor scales are noise)."""
+        itemsize = np.dtype(numpy_dtype(self.kv_dtype or self.dtype)).itemsize
         return 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * itemsize
 
 
 def load_shapes(path: Path = BENCH_PATH) -> list[BenchShape]:
+    """The shapes of a bench file; a shape listing ``kv_dtypes`` is one shape per KV dtype
+    (its own ``dtype``: the plain shape; an fp8 format: ``NAME-kv-e4m3``, per-tensor scales)."""
     shapes = []
     for index, entry in enumerate(tomllib.loads(path.read_text()).get("shape", [])):
         unknown = set(entry) - _FIELDS
         if unknown:
             raise ValueError(f"{path.name}: shape #{index + 1}: unknown field(s) "
                              f"{sorted(unknown)}; known: {', '.join(sorted(_FIELDS))}")
-        shapes.append(BenchShape(**{**entry, "sets": tuple(entry.get("sets", ()))}))
+        entry = {**entry, "sets": tuple(entry.get("sets", ()))}
+        dtype = entry.get("dtype", BenchShape.dtype)
+        for kv_dtype in entry.pop("kv_dtypes", [dtype]):
+            if kv_dtype == dtype:
+                shapes.append(BenchShape(**entry))
+            elif kv_dtype in FP8_DTYPES:
+                shapes.append(BenchShape(**{**entry, "kv_dtype": kv_dtype, "name":
+                                            f"{entry['name']}-kv-{SHORT_NAMES[kv_dtype]}"}))
+            else:
+                raise ValueError(f"{path.name}: shape {entry.get('name')!r}: field "
+                                 f"'kv_dtypes' names {kv_dtype!r}; known: {dtype} (the "
+                                 f"shape's dtype), {', '.join(FP8_DTYPES)}")
     return shapes
 
 
@@ -228,6 +243,15 @@ def bench_command(args: argparse.Namespace) -> int:
                 print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
             for shape in shapes:
                 handle.begin_case(args.case_timeout)
+                try:
+                    reason = handle.unsupported_reason(shape.case())
+                except Exception as exc:
+                    reason = f"its unsupported_reason raised {describe_exception(exc)}"
+                    failed += 1
+                if reason:
+                    print(f"{backend.label:18} {shape.name:18} unsupported: {reason}",
+                          flush=True)
+                    continue
                 try:
                     result = BenchResult.from_data(handle.call(
                         "bench", backend.label, shape, args.rounds,

@@ -179,6 +179,8 @@ def _parser() -> argparse.ArgumentParser:
     exploring.add_argument("--save-spec", type=Path,
                            help="append each shrunk failure to this regression spec")
     exploring.add_argument("--report-json", type=Path, help="write the findings here")
+    exploring.add_argument("--fp8", action="store_true",
+                           help="draw only cases with an fp8 KV cache (the backend's kv_dtypes)")
     exploring.add_argument("--database", type=Path, default=None,
                            help="a folder that keeps each backend's findings: they are "
                                 "replayed first next time, and kept while they fail (default: "

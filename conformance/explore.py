@@ -103,6 +103,11 @@ def spec_entry(name: str, case: Case, doc: str) -> str:
     for optional in ("num_splits", "shared_pages", "pool_pages"):
         if getattr(case, optional):
             fields[optional] = getattr(case, optional)
+    if case.kv_dtype is not None:
+        fields.update(kv_dtypes=[case.kv_dtype], kv_scale=case.kv_scale,
+                      kv_scaling=case.kv_scaling)
+    if case.q_dtype is not None:
+        fields["q_dtypes"] = [case.q_dtype]
     if case.table_padding != Case.table_padding:
         fields["table_padding"] = case.table_padding
     fields["seed"] = case.seed  # the values drawn, whatever the entry is named
@@ -146,10 +151,10 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
             database: Path | None = None, cost_cap: int | None = None,
             progress: Callable[[Exploration, float | None], None] | None = None,
             observe: Callable[[Case], None] | None = None,
-            clock: Callable[[], float] = time.monotonic) -> Exploration:
+            clock: Callable[[], float] = time.monotonic, fp8: bool = False) -> Exploration:
     """Draw up to ``max_examples`` cases the backend claims, judge each, shrink failures.
     ``clock`` measures the time budget (a test gives one that does not depend on the
-    machine's speed)."""
+    machine's speed); ``fp8`` draws only cases with an fp8 cache."""
     from hypothesis import HealthCheck, Phase, given
     from hypothesis import seed as hyp_seed
     from hypothesis import settings as hyp_settings
@@ -171,7 +176,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
     # Hypothesis stops generating at the first failure; to go on searching, each later
     # round (seed + round) treats the checks found failing so far as passing, until a round
     # finds nothing new or the examples or the time run out.
-    strategy = cases(backend.capabilities, cap)
+    strategy = cases(backend.capabilities, cap, fp8=fp8)
     saved = database / f"{backend.label}.toml" if database else None
     if saved is not None and saved.exists():
         replay_saved(saved, backend, settings, state)
@@ -292,10 +297,14 @@ def explore_command(args: argparse.Namespace) -> int:
         print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
               file=sys.stderr)
         return 2
+    if args.fp8 and not backend.capabilities.kv_dtypes:
+        print(f"error: --fp8: backend {backend.label!r} claims no fp8 cache (its kv_dtypes "
+              f"are empty)", file=sys.stderr)
+        return 2
     stop_on_signals()
     try:
         state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
-                        args.database, progress=print_progress)
+                        args.database, progress=print_progress, fp8=args.fp8)
     finally:
         backend.disconnect()
     if state.replayed:

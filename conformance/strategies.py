@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from backends.base import Capabilities, Instance
 from conformance.dtypes import DTYPES
-from conformance.spec import DISTRIBUTIONS, Case
+from conformance.spec import DISTRIBUTIONS, KV_SCALINGS, Case
 
 # Examples stay cheap: tokens x query heads x head_dim at most this (a CPU second or less).
 CPU_COST_CAP = 400_000
@@ -75,10 +75,28 @@ def _context_length(page_size: int, long: bool = False) -> st.SearchStrategy[int
         st.one_of(*branches)
 
 
+def _quantization(draw: st.DrawFn, capabilities: Capabilities, num_kv_heads: int,
+                  fp8: bool) -> dict:
+    """An fp8 cache (format, scale layout, scaling) and query the backend claims, drawn in
+    one example of two (every one with ``fp8``); shrinks to none, then per-tensor and fit."""
+    fields: dict = {}
+    if capabilities.kv_dtypes and (fp8 or draw(st.booleans())):
+        scalings = [s for s in KV_SCALINGS if s != "spread" or num_kv_heads > 1]
+        fields = {"kv_dtype": draw(st.sampled_from(sorted(capabilities.kv_dtypes))),
+                  "kv_scale": draw(st.sampled_from(sorted(
+                      capabilities.kv_scales, key=("per-tensor", "per-head",
+                                                   "per-token").index))),
+                  "kv_scaling": draw(st.sampled_from(scalings))}
+    if capabilities.q_dtypes and draw(st.booleans()):
+        fields["q_dtype"] = draw(st.sampled_from(sorted(capabilities.q_dtypes)))
+    return fields
+
+
 @st.composite
 def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_CAP,
-          features: frozenset[str] | None = None) -> Case:
-    """A case the capabilities claim, no costlier than ``cost_cap``."""
+          features: frozenset[str] | None = None, fp8: bool = False) -> Case:
+    """A case the capabilities claim, no costlier than ``cost_cap``; with ``fp8``, only
+    cases with an fp8 cache (the backend must claim one)."""
     features = capabilities.features if features is None else features
     long_context, wide_pool = _rarely(draw), _rarely(draw)
     wide = long_context or wide_pool  # tiny heads, and the cost cap is WIDE_COST
@@ -132,11 +150,14 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     if wide:
         assume(num_qo_heads <= 4)  # a backend's instances may hold no tinier one
     assume(sum(context_lens) * num_qo_heads * head_dim <= (WIDE_COST if wide else cost_cap))
-    return Case(family="explore", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+    case = Case(family="explore", num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, page_size=page_size, dtype=dtype,
                 context_lens=tuple(context_lens), distribution=distribution, window=window,
                 sinks=sinks or 0, sm_scale=sm_scale, num_splits=num_splits,
-                pool_pages=pool_pages)
+                pool_pages=pool_pages,
+                **_quantization(draw, capabilities, num_kv_heads, fp8))
+    assume(capabilities.unsupported_reason(case) is None)
+    return case
 
 
 def cost(case: Case) -> int:

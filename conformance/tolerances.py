@@ -119,15 +119,15 @@ def lse_rounding(score_error: np.ndarray, lse: np.ndarray) -> float:
     return float((score_error[live] / np.maximum(1.0, np.abs(lse[live]))).max())
 
 
-def output_rounding(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[np.ndarray],
-                    values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray,
-                    dtype: type) -> float:
-    """The output floor, in the measure of ``output_error``: what the score errors
-    (``score_errors``) alone may move the output, to first order:
-    ``sum_j w_j err_j max_d |v_jd - out_d|``. Negligible for ordinary scores; where scores are
-    ~1e5 apart from one another by O(1) (``very-negative``) it is the accuracy no float32
-    kernel can beat."""
-    worst = 0.0
+def score_error_bound(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[np.ndarray],
+                      values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray
+                      ) -> np.ndarray:
+    """``(batch, num_qo_heads)``: how far the score errors (``score_errors``) alone may move
+    each row's output, to first order: ``sum_j w_j err_j max_d |v_jd - out_d|``. Negligible
+    for ordinary scores; where scores are ~1e4-1e5 and some lie within their own rounding
+    of one another (``very-negative``, or ``large`` over an fp8 cache's few key values) it
+    is the accuracy no float32 kernel can beat."""
+    bound = np.zeros(out.shape[:2])
     for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
         if keys.shape[0] == 0:
             continue
@@ -135,11 +135,17 @@ def output_rounding(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[
         weights = np.exp(scores - scores.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
         spread = np.abs(values - out[b][None]).max(axis=2).T  # (heads, n)
-        worst = max(worst, float((weights * errors[b] * spread).sum(axis=1).max()))
+        bound[b] = (weights * errors[b] * spread).sum(axis=1)
+    return bound
+
+
+def output_rounding(score_bound: np.ndarray, out: np.ndarray, dtype: type) -> float:
+    """The output floor, in the measure of ``output_error``: the score errors' effect
+    (``score_error_bound``) and the output's own storage in the case's dtype (half a spacing
+    at its size)."""
     scale = float(np.abs(out).max(initial=0.0)) or 1.0
-    # and the output itself is stored in the case's dtype: half a spacing at its size
     stored = float((np.spacing(np.abs(out).astype(dtype)).astype(np.float64) / 2).max(initial=0))
-    return (worst + stored) / scale
+    return (float(score_bound.max(initial=0.0)) + stored) / scale
 
 
 def trivial_answers(q: np.ndarray, keys_per_row: list[np.ndarray],

@@ -8,7 +8,10 @@ entirely (``-1`` inside the context) are given to FlashInfer as physical page 0,
 sequence owns and which holds garbage (or NaN): the window must keep the kernel from attending
 to them. FlashInfer's ``sinks`` argument is per-head sink *logits*, not kept tokens, so
 StreamingLLM sinks are not claimed (two passes merged with ``merge_state`` would do them;
-the adapter does not pretend that is one kernel).
+the adapter does not pretend that is one kernel). An fp8 cache is passed as FlashInfer's
+users pass it: ``kv_data_type`` at plan, and ``run(k_scale=, v_scale=)`` as floats, which
+FlashInfer folds into sm_scale and multiplies into the output ("The calibration scale of key
+for fp8 input"): per-tensor scales only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from backends.base import AttentionState, Backend, Capabilities, Conventions
 from backends.triton.runtime import to_numpy, to_torch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
+FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "
+              "calibration scale of key for fp8 input'): per-tensor scales only")
 # BatchDecodeWithPagedKVCacheWrapper's CUDA-core path: group sizes it dispatches
 # (others raise "Unsupported group_size"); use_tensor_cores takes the prefill kernels.
 CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})
@@ -79,7 +84,9 @@ class FlashInferDecode(Backend):
                                 head_dims=frozenset({64, 128, 256}),
                                 group_sizes=CUDA_CORE_GROUP_SIZES,
                                 features=frozenset({"lse", "merge", "sliding_window"}),
-                                devices=("cuda",))
+                                devices=("cuda",),
+                                kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
+                                kv_scales=frozenset({"per-tensor"}))
     conventions = Conventions(lse_base=2.0)
     use_tensor_cores = False
 
@@ -102,6 +109,11 @@ class FlashInferDecode(Backend):
         import torch
 
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+    def unsupported_reason(self, case) -> str | None:
+        if case.kv_dtype is not None and case.kv_scale != "per-tensor":
+            return f"kv scale {case.kv_scale}: {FP8_SCALES}"
+        return super().unsupported_reason(case)
 
     def notes(self) -> list[str]:
         flashinfer = load_flashinfer()
@@ -132,8 +144,12 @@ class FlashInferDecode(Backend):
                      window_left=problem.window - 1 if problem.window is not None else -1,
                      q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale)
 
+        scales = {}
+        if problem.k_scale is not None:  # per-tensor: FlashInfer's float arguments
+            scales = {"k_scale": float(problem.k_scale[0]), "v_scale": float(problem.v_scale[0])}
+
         def call() -> None:
-            self.results = wrapper.run(q, (k, v), return_lse=True)
+            self.results = wrapper.run(q, (k, v), return_lse=True, **scales)
         return call
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:

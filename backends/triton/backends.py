@@ -11,7 +11,15 @@ from backends.triton import runtime
 
 BF16_INTERPRETER = ("bfloat16 arithmetic is not supported by the Triton interpreter "
                     "(triton-lang/triton#11584, #4972); the case runs on a GPU")
+E5M2_INTERPRETER = ("the Triton interpreter converts e5m2 subnormal codes to float16 wrongly "
+                    "(2^-15 and 2^-16 become 0; docs/findings/triton-interpreter-e5m2-"
+                    "subnormals.md; its converter's float16 -> e5m2 direction is "
+                    "triton-lang/triton#8322); the case runs on a GPU")
 FEATURES = frozenset({"lse", "merge", "sliding_window", "sinks"})
+# what the paged kernels read: both fp8 formats in every scale layout, and an fp8 query
+FP8 = {"kv_dtypes": frozenset({"float8_e4m3fn", "float8_e5m2"}),
+       "kv_scales": frozenset({"per-tensor", "per-head", "per-token"}),
+       "q_dtypes": frozenset({"float8_e4m3fn", "float8_e5m2"})}
 
 
 class TritonBackend(Backend):
@@ -55,6 +63,14 @@ class TritonBackend(Backend):
     def inputs(self, problem) -> dict:
         return {name: self.upload(array) for name, array in problem.arrays().items()}
 
+    def scales(self, tensors: dict, problem):
+        """The kernels' ``Scales`` for an fp8 cache or query: the problem's own arrays, on
+        the device; the kernel dequantizes."""
+        from backends.triton.validation import Scales
+
+        return Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"),
+                      tensors.get("q_scale"))
+
     def splits(self, problem, num_splits: int | None, block_n: int, waves: float = 2.0,
                programs_per_split: int | None = None) -> int:
         """The split count: the caller's, or the heuristic on the host-side problem."""
@@ -85,7 +101,15 @@ class TritonSplitKV(TritonBackend):
                    "LSE combine kernel")
     capabilities = Capabilities(features=FEATURES | {"split_k"}, max_group_size=128,
                                 head_dims=frozenset(range(16, 257)), split_counts=(1, 3, 8),
-                                devices=("cuda", "cpu-interpreter"))
+                                devices=("cuda", "cpu-interpreter"), **FP8)
+
+    def unsupported_reason(self, case) -> str | None:
+        # codes that go into tl.dot as float16 as they are: per-program scales, an fp8 query
+        direct = (case.kv_dtype == "float8_e5m2" and case.kv_scale != "per-token") or \
+            case.q_dtype == "float8_e5m2"
+        if self.mode.interpreted and direct and case.dtype == "float16":
+            return E5M2_INTERPRETER
+        return super().unsupported_reason(case)
 
     def bind(self, problem, out, lse, num_splits, validate):
         from backends.triton.splitkv_kernel import splitkv_decode, tile_config
@@ -96,14 +120,15 @@ class TritonSplitKV(TritonBackend):
         return partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                        tensors["block_table"], tensors["context_lens"], out, lse,
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
-                       num_splits=splits, validate=validate)
+                       num_splits=splits, validate=validate,
+                       scales=self.scales(tensors, problem))
 
 
 class TritonPaged(TritonBackend):
     name = "triton-paged"
     description = "paged decode, one program per (sequence, query head), no split"
     capabilities = Capabilities(features=FEATURES, head_dims=frozenset(range(1, 257)),
-                                devices=("cuda", "cpu-interpreter"))
+                                devices=("cuda", "cpu-interpreter"), **FP8)
 
     def bind(self, problem, out, lse, num_splits, validate):
         from backends.triton.paged_kernel import paged_decode
@@ -112,7 +137,7 @@ class TritonPaged(TritonBackend):
         return partial(paged_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                        tensors["block_table"], tensors["context_lens"], out, lse,
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
-                       validate=validate)
+                       validate=validate, scales=self.scales(tensors, problem))
 
 
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray]:

@@ -54,13 +54,17 @@ def unavailable_reason() -> str | None:
     return None
 
 
+# dtypes NumPy holds through ml_dtypes: torch takes their bytes through a view
+VIEWED = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
 def to_torch(array: np.ndarray, device: str):
-    """A torch tensor with the same values (bfloat16 through an int16 view)."""
+    """A torch tensor with the same values (bfloat16 and fp8 through an integer view)."""
     import torch
 
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(
-            torch.bfloat16).to(device)
+    if array.dtype.name in VIEWED:
+        return torch.from_numpy(np.ascontiguousarray(array).view(VIEWED[array.dtype.name])).view(
+            getattr(torch, array.dtype.name)).to(device)
     return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 

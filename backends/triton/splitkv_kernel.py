@@ -5,6 +5,12 @@ then the window; every token without a window) in tiles of ``BLOCK_N``, looks ea
 page up in the block table, and keeps an online softmax (base 2) for its whole query-head
 group with ``tl.dot``. Evicted, padded and ``-1`` slots are never loaded. ``combine`` then
 merges the splits and writes output and natural-log LSE for every row, empty ones included.
+
+An fp8 cache (``KV_SCALE``) is read as codes: with one scale per program (per tensor or per
+KV head) the codes go into ``tl.dot`` as they are (every e4m3/e5m2 value is exact in 16 bits)
+and the scales are folded into the scores and the partial output; with per-token scales each
+tile is dequantized in float32 and rounded to the dot dtype. An fp8 query's scale is folded
+into the scores.
 """
 
 from __future__ import annotations
@@ -22,16 +28,21 @@ from backends.triton.kernel_common import (
     rows_per_program,
     split_bounds,
 )
-from backends.triton.validation import paged_shapes
+from backends.triton.validation import Scales, paged_shapes
+
+# KV_SCALE: how the pages are read
+UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
 
 
 @triton.jit
 def _splitkv_partial_kernel(
     q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
-    scale_log2, window, sinks, stride_table, num_splits,
+    k_scale, v_scale, q_scale,
+    scale_log2, window, sinks, stride_table, num_splits, scale_stride,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -47,6 +58,12 @@ def _splitkv_partial_kernel(
     d_mask = d < HEAD_DIM
     q_offsets = (b * NUM_KV_HEADS * GROUP + heads[:, None]).to(tl.int64) * HEAD_DIM + d[None, :]
     q_tile = tl.load(q + q_offsets, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    score_scale = scale_log2
+    if Q_SCALED:
+        q_tile = q_tile.to(DOT_DTYPE)
+        score_scale = score_scale * tl.load(q_scale)
+    if KV_SCALE == SCALE_PER_PROGRAM:
+        score_scale = score_scale * tl.load(k_scale + kv_head * scale_stride)
 
     m = tl.full([PADDED_GROUP], float("-inf"), tl.float32)
     total = tl.zeros([PADDED_GROUP], tl.float32)
@@ -61,19 +78,37 @@ def _splitkv_partial_kernel(
         token = (page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE) * NUM_KV_HEADS + kv_head
         kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
-        keys = tl.load(k_pages + kv_offsets, mask=kv_mask, other=0.0)
-        scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
+        keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
+                       DOT_DTYPE)
+        scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * score_scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
-        values = tl.load(v_pages + kv_offsets, mask=kv_mask, other=0.0)
+        values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
+                         DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values,
                                             input_precision=DOT_PRECISION)
+    if KV_SCALE == SCALE_PER_PROGRAM:
+        acc = acc * tl.load(v_scale + kv_head * scale_stride)
 
     state = (b * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
     tl.store(part_m + state, m, mask=row_mask)
     tl.store(part_l + state, total, mask=row_mask)
     tl.store(part_acc + state[:, None] * HEAD_DIM + d[None, :], acc,
              mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def read_kv(pointers, mask, scale_pointers, valid, KV_SCALE: tl.constexpr,
+            DOT_DTYPE: tl.constexpr):
+    """A ``(tokens, BLOCK_D)`` tile of K or V in the dot dtype: fp8 codes converted exactly
+    (their scale applied by the caller), or dequantized by per-token scales."""
+    tile = tl.load(pointers, mask=mask, other=0.0)
+    if KV_SCALE == SCALE_PER_TOKEN:
+        scales = tl.load(scale_pointers, mask=valid, other=0.0)
+        tile = (tile.to(tl.float32) * scales[:, None]).to(DOT_DTYPE)
+    elif KV_SCALE == SCALE_PER_PROGRAM:
+        tile = tile.to(DOT_DTYPE)
+    return tile
 
 
 @triton.jit
@@ -119,6 +154,21 @@ def combine_splits(part_m, part_l, part_acc, out, lse) -> None:
         BLOCK_S=block_s, BLOCK_R=block_r)
 
 
+DOT_DTYPES = {"torch.float32": tl.float32, "torch.float16": tl.float16,
+              "torch.bfloat16": tl.bfloat16}
+
+
+def scale_arguments(scales: Scales, placeholder) -> tuple[int, int, object, object]:
+    """(KV_SCALE, the per-program scale's stride over KV heads, k_scale, v_scale): what the
+    kernels take for ``scales``; ``placeholder`` stands in for a pointer never read."""
+    if scales.kv_scale is None:
+        return UNSCALED, 0, placeholder, placeholder
+    if scales.kv_scale == "per-token":
+        return SCALE_PER_TOKEN, 0, scales.k_scale, scales.v_scale
+    return (SCALE_PER_PROGRAM, 1 if scales.kv_scale == "per-head" else 0, scales.k_scale,
+            scales.v_scale)
+
+
 def tile_config(head_dim: int) -> dict:
     """Launch parameters: the best worst-case of a sweep on an H200 at head_dim 128
     (benchmarks/README.md); smaller tiles for wider heads to bound registers."""
@@ -129,18 +179,22 @@ def tile_config(head_dim: int) -> dict:
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                    sm_scale: float, window: int | None = None, sinks: int = 0,
                    num_splits: int | None = None, sm_count: int = 132,
-                   validate: bool = True, config: dict | None = None) -> None:
+                   validate: bool = True, config: dict | None = None,
+                   scales: Scales | None = None) -> None:
     """Write attention output and natural-log LSE for every row of a paged decode batch.
 
     ``q (batch, qo_heads, dim)``, ``k_pages``/``v_pages (pages, page_size, kv_heads, dim)``,
     ``block_table (batch, max_blocks)`` int32 (-1 unallocated), ``context_lens (batch,)``
-    int32, ``out`` like ``q``, ``lse (batch, qo_heads)`` float32; all on one device.
+    int32, ``out`` like ``q``, ``lse (batch, qo_heads)`` float32; all on one device. An fp8
+    cache or query comes with its ``scales`` (``validation.Scales``); ``out`` is then the
+    dtype the kernel computes in.
     """
     import torch
 
+    scales = scales or Scales()
     batch, hq, hkv, head_dim, page_size = paged_shapes(
         q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
-        validate=validate)
+        validate=validate, scales=scales)
     if validate:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be at least 1")
@@ -158,12 +212,16 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32,
                            device=q.device)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if out.dtype == torch.float32 else "tf32"
+    kv_mode, stride, k_scale, v_scale = scale_arguments(scales, part_m)
     _splitkv_partial_kernel[(batch, hkv, num_splits)](
         q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
-        sm_scale * LOG2E, window or 0, sinks, block_table.stride(0), num_splits,
+        k_scale, v_scale, scales.q_scale if scales.q_scale is not None else part_m,
+        sm_scale * LOG2E, window or 0, sinks, block_table.stride(0), num_splits, stride,
         NUM_KV_HEADS=hkv, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         PAGE_SIZE=page_size, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=window is not None,
-        DOT_PRECISION=precision, num_warps=config["num_warps"], num_stages=config["num_stages"])
+        DOT_PRECISION=precision, KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None,
+        DOT_DTYPE=DOT_DTYPES[str(out.dtype)], num_warps=config["num_warps"],
+        num_stages=config["num_stages"])
     combine_splits(part_m, part_l, part_acc, out, lse)

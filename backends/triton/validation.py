@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 KV_DTYPES = ("float32", "float16", "bfloat16")
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+SCALE_MODES = ("per-tensor", "per-head", "per-token")
 
 
 def dtype_label(dtype) -> str:
@@ -27,9 +31,9 @@ def check_tensor(name: str, tensor, *, ndim: int | None = None, shape: tuple | N
         raise ValueError(f"{name}: expected dtype float32, got {dtype_label(tensor.dtype)}")
     if int32 and tensor.dtype != torch.int32:
         raise ValueError(f"{name}: expected dtype int32, got {dtype_label(tensor.dtype)}")
-    if dtype_label(tensor.dtype) not in (*KV_DTYPES, "int32"):
+    if dtype_label(tensor.dtype) not in (*KV_DTYPES, *FP8, "int32"):
         raise ValueError(f"{name}: dtype {dtype_label(tensor.dtype)} is not supported "
-                         f"(one of {', '.join(KV_DTYPES)})")
+                         f"(one of {', '.join((*KV_DTYPES, *FP8))})")
     if device is not None and tensor.device != device:
         raise ValueError(f"{name}: expected device {device}, got {tensor.device}")
     if not tensor.is_contiguous():
@@ -37,15 +41,24 @@ def check_tensor(name: str, tensor, *, ndim: int | None = None, shape: tuple | N
 
 
 def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
-                       window: int | None, sinks: int) -> tuple[int, ...]:
-    """Checks shared by the paged kernels; returns (batch, qo heads, kv heads, dim, page size)."""
+                       window: int | None, sinks: int, out_dtype=None,
+                       scales: Scales | None = None) -> tuple[int, ...]:
+    """Checks shared by the paged kernels; returns (batch, qo heads, kv heads, dim, page size).
+    ``out_dtype`` is q's unless q is fp8; K and V are in it unless ``scales`` say fp8."""
     check_tensor("q", q, ndim=3)
     batch, num_qo_heads, head_dim = q.shape
-    check_tensor("k_pages", k_pages, ndim=4, dtype=q.dtype, device=q.device)
+    scales = scales or Scales()
+    if dtype_label(q.dtype) in FP8 and scales.q_scale is None:
+        raise ValueError(f"q: dtype {dtype_label(q.dtype)} needs a q_scale")
+    compute = out_dtype if out_dtype is not None else q.dtype
+    kv_dtype = k_pages.dtype if scales.kv_scale is not None else compute
+    check_tensor("k_pages", k_pages, ndim=4, dtype=kv_dtype, device=q.device)
     num_pages, page_size, num_kv_heads, k_dim = k_pages.shape
     if k_dim != head_dim:
         raise ValueError(f"k_pages: head_dim {k_dim} does not match q's head_dim {head_dim}")
-    check_tensor("v_pages", v_pages, shape=tuple(k_pages.shape), dtype=q.dtype, device=q.device)
+    check_tensor("v_pages", v_pages, shape=tuple(k_pages.shape), dtype=kv_dtype,
+                 device=q.device)
+    scales.check(q, k_pages)
     check_tensor("block_table", block_table, ndim=2, int32=True, device=q.device)
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {batch}")
@@ -78,17 +91,58 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
 
 
 def check_output_buffers(q, out, lse) -> None:
-    check_tensor("out", out, shape=tuple(q.shape), dtype=q.dtype, device=q.device)
+    if dtype_label(q.dtype) in FP8:  # an fp8 query: the output in a 16- or 32-bit dtype
+        check_tensor("out", out, shape=tuple(q.shape), device=q.device)
+        if dtype_label(out.dtype) not in KV_DTYPES:
+            raise ValueError(f"out: dtype {dtype_label(out.dtype)} for an fp8 query; want one "
+                             f"of {', '.join(KV_DTYPES)}")
+    else:
+        check_tensor("out", out, shape=tuple(q.shape), dtype=q.dtype, device=q.device)
     check_tensor("lse", lse, shape=tuple(q.shape[:2]), float32=True, device=q.device)
 
 
+@dataclass(frozen=True)
+class Scales:
+    """An fp8 cache's scales (``kv_scale``: the layout, float32 tensors ``k_scale`` and
+    ``v_scale`` of shape (1,), (kv_heads,) or (pages, page_size, kv_heads)) and an fp8
+    query's ``q_scale`` (1,); None where that input is not quantized."""
+
+    kv_scale: str | None = None
+    k_scale: object = None
+    v_scale: object = None
+    q_scale: object = None
+
+    def check(self, q, k_pages) -> None:
+        if self.kv_scale is None:
+            if self.k_scale is not None or self.v_scale is not None:
+                raise ValueError("k_scale: given without kv_scale (the scales' layout)")
+        else:
+            if self.kv_scale not in SCALE_MODES:
+                raise ValueError(f"kv_scale: {self.kv_scale!r} is not one of "
+                                 f"{', '.join(SCALE_MODES)}")
+            if dtype_label(k_pages.dtype) not in FP8:
+                raise ValueError(f"k_pages: dtype {dtype_label(k_pages.dtype)} with kv_scale "
+                                 f"{self.kv_scale!r}; want one of {', '.join(FP8)}")
+            pages, page_size, kv_heads, _ = k_pages.shape
+            shape = {"per-tensor": (1,), "per-head": (kv_heads,),
+                     "per-token": (pages, page_size, kv_heads)}[self.kv_scale]
+            for name in ("k_scale", "v_scale"):
+                check_tensor(name, getattr(self, name), shape=shape, float32=True,
+                             device=q.device)
+        if self.q_scale is not None:
+            if dtype_label(q.dtype) not in FP8:
+                raise ValueError(f"q_scale: given for a q of dtype {dtype_label(q.dtype)}")
+            check_tensor("q_scale", self.q_scale, shape=(1,), float32=True, device=q.device)
+
+
 def paged_shapes(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
-                 window: int | None, sinks: int, validate: bool) -> tuple[int, ...]:
+                 window: int | None, sinks: int, validate: bool,
+                 scales: Scales | None = None) -> tuple[int, ...]:
     """(batch, qo heads, kv heads, head dim, page size), every argument checked first unless
     ``validate`` is off (the benchmarked launch, after one checked call)."""
     if not validate:
         return q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]
     shapes = check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
-                                sinks=sinks)
+                                sinks=sinks, out_dtype=out.dtype, scales=scales)
     check_output_buffers(q, out, lse)
     return shapes

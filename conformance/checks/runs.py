@@ -53,8 +53,9 @@ def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:
     nearest takes the upper, truncation the lower, every time; a kernel whose own error stays
     under 0.1 ulp (any float32-accumulating one) never misses there. Rounding away from zero
     shows the same way below the midpoint. A kernel with low-precision intermediates misses
-    some there, both ways and in part: ``oracle/output`` judges its accuracy. Not emitted
-    where too few elements lie in those bands to tell."""
+    some there, both ways and in part: ``oracle/output`` judges its accuracy. Elements whose
+    score errors alone may move them by a tenth of a spacing (``Trial.score_bound``) are left
+    out; not emitted where too few elements lie in those bands to tell."""
     if trial.case.dtype not in ("float16", "bfloat16"):
         return None
     want = np.abs(trial.reference[0])
@@ -65,7 +66,11 @@ def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:
     upper = np.where(above, nearest, _step(nearest, 1)).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         where = (want - lower) / (upper - lower)  # 0 at the lower neighbour, 1 at the upper
-    finite = np.isfinite(got) & np.isfinite(where) & (want != 0)
+    # where the scores' own float32 rounding may move an element by a tenth of its spacing
+    # (huge scores within their rounding of one another), a careful kernel may miss as well
+    spacing = np.abs(upper - lower)
+    settled = trial.score_bound[..., None] <= 0.1 * spacing
+    finite = np.isfinite(got) & np.isfinite(where) & (want != 0) & settled
     outcomes = []
     for band, wrong, how in (((0.6, 0.9), lower, "toward zero"),
                              ((0.1, 0.4), upper, "away from zero")):

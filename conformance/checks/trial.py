@@ -36,6 +36,7 @@ from conformance.tolerances import (
     lse_rounding,
     output_error,
     output_rounding,
+    score_error_bound,
     score_errors,
     score_rounding,
     table_budget,
@@ -103,25 +104,41 @@ class Trial:
         # a second float32 oracle summing in another order: the ratio rule must not rest on
         # one lucky summation order (found by explore at scores of ~-1e5)
         reordered_out, _ = reference_of(reversed_dims(self.problem), numpy_dtype(self.case.dtype))
-        keys, values = self.kept_kv()
-        q = self.problem.q.astype(np.float64)
-        errors = score_errors(q, keys, self.problem.sm_scale)
         ratio_out = RATIO * max(output_error(low_out, ref_out),
                                 output_error(reordered_out[..., ::-1], ref_out))
         ratio_out = max(ratio_out if math.isfinite(ratio_out) else 0.0,  # inf: it overflowed
-                        output_rounding(errors, q, keys, values, self.problem.sm_scale,
-                                        ref_out, numpy_dtype(self.case.dtype)))
+                        output_rounding(self.score_bound, ref_out, numpy_dtype(self.case.dtype)))
         ratio_lse = RATIO * lse_error(low_lse, ref_lse)  # inf where that oracle overflowed
         ratio_lse = max(ratio_lse if math.isfinite(ratio_lse) else 0.0,
-                        lse_rounding(score_rounding(errors, q.shape[1]), ref_lse))
+                        lse_rounding(score_rounding(self.score_errors, self.problem.num_qo_heads),
+                                     ref_lse))
         return Budget(table, ratio_out), Budget(table, ratio_lse)
+
+    @cached_property
+    def score_errors(self) -> list[np.ndarray]:
+        """Per row, how far float32 arithmetic alone may move each scaled score."""
+        keys, _ = self.kept_kv()
+        return score_errors(self.query64, keys, self.problem.sm_scale)
+
+    @cached_property
+    def score_bound(self) -> np.ndarray:
+        """``(batch, heads)``: how far those score errors alone may move each row's output."""
+        keys, values = self.kept_kv()
+        return score_error_bound(self.score_errors, self.query64, keys, values,
+                                 self.problem.sm_scale, self.reference[0])
+
+    @property
+    def query64(self) -> np.ndarray:
+        """The query as the values it denotes, float64 (an fp8 query's codes times scale)."""
+        q = self.problem.q.astype(np.float64)
+        return q if self.problem.q_scale is None else q * float(self.problem.q_scale[0])
 
     @cached_property
     def trivial(self) -> dict[str, np.ndarray]:
         """Trivially wrong answers to this case (``trivial_answers``)."""
         keys, values = self.kept_kv()
-        return trivial_answers(self.problem.q.astype(np.float64), keys, values,
-                               self.problem.sm_scale, self.reference[0])
+        return trivial_answers(self.query64, keys, values, self.problem.sm_scale,
+                               self.reference[0])
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each (the
