@@ -5,8 +5,8 @@
 # build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
 # Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
-#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, CASE_TIMEOUT: 900 when FlashInfer
-#        compiles under load)
+#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, FILTER (-k: FILTER=fp8 for the fp8
+#        families), CASE_TIMEOUT: 900 when FlashInfer compiles under load)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
@@ -65,6 +65,7 @@ case "${1:-conformance}" in
       [[ $run -gt 1 ]] && accuracy=(--compare-accuracy "$OUT/accuracy-1.json")
       start=$(date +%s)
       shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
+      [[ -n ${FILTER:-} ]] && shard+=(-k "$FILTER")
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
         --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${checks[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
@@ -109,7 +110,7 @@ case "${1:-conformance}" in
       aot=(); [[ $name == tvm-* && -d .aot-explore ]] && aot=(env CONFORMANCE_TVM_AOT="$PWD/.aot-explore")
       CUDA_VISIBLE_DEVICES=$(( slot % gpus )) "${aot[@]}" timeout $(( ${EXPLORE_SECONDS:-480} + 90 )) \
         python3 -m conformance explore --backend "$name" --time-budget "${EXPLORE_SECONDS:-480}" \
-        --max-examples 100000 --seed "${SEED:-0}" --report-json "$OUT/explore-$name.json" \
+        --max-examples 100000 --seed "${SEED:-0}" ${EXPLORE_ARGS:-} --report-json "$OUT/explore-$name.json" \
         --save-spec "$OUT/explore-$name.toml" > "$OUT/explore-$name.log" 2>&1 &
       slot=$(( slot + 1 ))
     done
