@@ -17,6 +17,9 @@
 #   bash benchmarks/gpu_session.sh upgrade             # the FlashInfer upgrade gate: PROFILE on
 #        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
 #        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
+#   bash benchmarks/gpu_session.sh fp8                 # issue 18: the ci and full fp8 families
+#        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run, and
+#        explore --fp8 on each fp8 backend (EXPLORE_SECONDS, default 120); carry .flashinfer/
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -102,6 +105,17 @@ case "${1:-conformance}" in
     done
     python3 -m conformance compare "$OUT/flashinfer-old.json" "$OUT/flashinfer-new.json" | tee "$OUT/upgrade.txt"
     gzip -f "$OUT"/flashinfer-*.json
+    ;;
+  fp8)
+    fp8_backends="triton-splitkv triton-paged flashinfer flashinfer-tc"
+    ( OUT=$OUT/ci PROFILE=ci FILTER=fp8 BACKENDS="$fp8_backends torch-flex torch-sdpa" \
+      JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
+    ( OUT=$OUT/full PROFILE=full FILTER=fp8-model BACKENDS="$fp8_backends" JOBS=8 \
+      RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
+    ( OUT=$OUT/bench BENCH_BACKENDS="triton-splitkv flashinfer flashinfer-tc" ROUNDS=3 \
+      bash "$0" bench )
+    ( OUT=$OUT/explore EXPLORE_BACKENDS="$fp8_backends" EXPLORE_ARGS=--fp8 \
+      EXPLORE_SECONDS=${EXPLORE_SECONDS:-120} bash "$0" explore )
     ;;
   explore)
     gpus=$(nvidia-smi -L 2>/dev/null | wc -l); (( gpus > 0 )) || gpus=1
