@@ -69,3 +69,36 @@ def test_merge_names_mismatched_states():
     lse = torch.zeros((2, 3), dtype=torch.float32)
     with pytest.raises(ValueError, match="lse_b: expected shape"):
         merge_states(out, lse, out.clone(), lse[:1].contiguous(), out.clone(), lse.clone())
+
+
+FP8_CASE = Case(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
+                dtype="float16", context_lens=(5, 9), kv_dtype="float8_e4m3fn",
+                kv_scale="per-token")
+
+
+def fp8_inputs():
+    problem = materialise(FP8_CASE)
+    tensors = {k: runtime.to_torch(v, "cpu") for k, v in problem.arrays().items()}
+    tensors["out"] = torch.empty(problem.q.shape, dtype=torch.float16)
+    tensors["lse"] = torch.empty(problem.q.shape[:2], dtype=torch.float32)
+    return problem, tensors
+
+
+@pytest.mark.parametrize("kernel", [splitkv_decode, paged_decode])
+@pytest.mark.parametrize("scales,fragment", [
+    ({}, "k_pages: expected dtype float16, got float8_e4m3fn"),
+    ({"kv_scale": "per-head"}, "k_scale: expected shape (2,)"),
+    ({"kv_scale": "per-page"}, "kv_scale: 'per-page' is not one of"),
+    ({"kv_scale": "per-token", "v_scale": None}, "v_scale: expected a torch.Tensor"),
+    ({"kv_scale": "per-token", "q_scale": "q"}, "q_scale: given for a q of dtype float16"),
+])
+def test_bad_fp8_scales_are_named(kernel, scales, fragment):
+    from backends.triton.validation import Scales
+
+    _, tensors = fp8_inputs()
+    given = {"k_scale": tensors["k_scale"], "v_scale": tensors["v_scale"], **scales}
+    if given.get("q_scale") == "q":
+        given["q_scale"] = torch.ones(1)
+    kwargs = {"scales": Scales(**given)} if scales else {}
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        call(kernel, tensors, **kwargs)

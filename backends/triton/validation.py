@@ -48,9 +48,10 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
     check_tensor("q", q, ndim=3)
     batch, num_qo_heads, head_dim = q.shape
     scales = scales or Scales()
-    if dtype_label(q.dtype) in FP8 and scales.q_scale is None:
+    quantized_q = dtype_label(q.dtype) in FP8
+    if quantized_q and scales.q_scale is None:
         raise ValueError(f"q: dtype {dtype_label(q.dtype)} needs a q_scale")
-    compute = out_dtype if out_dtype is not None else q.dtype
+    compute = out_dtype if quantized_q and out_dtype is not None else q.dtype
     kv_dtype = k_pages.dtype if scales.kv_scale is not None else compute
     check_tensor("k_pages", k_pages, ndim=4, dtype=kv_dtype, device=q.device)
     num_pages, page_size, num_kv_heads, k_dim = k_pages.shape
