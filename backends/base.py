@@ -27,6 +27,9 @@ FEATURES = {
     "split_k": "takes a split count (decode's num_splits)",
     "sliding_window": "keeps only the last `window` tokens",
     "sinks": "always keeps the first `sinks` tokens next to a window",
+    "soft_cap": "caps scaled scores as soft_cap * tanh(score / soft_cap)",
+    "sink_logits": "adds exp(sink_logits[h]) to each query head's softmax denominator",
+    "alibi": "adds alibi_slopes[h] * (key position - query position) to the scores",
 }
 
 
@@ -232,11 +235,14 @@ class Conventions:
     ``lse_base`` is the base of the backend's native LSE; the adapter converts it to natural
     log before writing. ``empty_lse`` is the native LSE of an empty context: -inf, or the
     finite sentinel the kernel uses (TVM: -5e4 in base 2). The harness then accepts exactly
-    ``empty_lse * ln(lse_base)`` for empty rows.
+    ``empty_lse * ln(lse_base)`` for empty rows. ``lse_includes_sink``: whether the LSE of a
+    case with sink logits counts the sink's ``exp(z_h)`` (the canonical LSE does; a backend
+    whose LSE leaves it out says so, and is compared with an oracle LSE that leaves it out).
     """
 
     lse_base: float = math.e
     empty_lse: float = -math.inf
+    lse_includes_sink: bool = True
 
     def __post_init__(self) -> None:
         base, empty = self.lse_base, self.empty_lse
@@ -248,15 +254,21 @@ class Conventions:
                 empty) or empty == math.inf:
             raise ValueError(f"Conventions.empty_lse must be -inf or a finite number, got "
                              f"{empty!r}")
+        if not isinstance(self.lse_includes_sink, bool):
+            raise ValueError(f"Conventions.lse_includes_sink must be True or False, got "
+                             f"{self.lse_includes_sink!r}")
 
-    def as_data(self) -> dict[str, float]:
-        return {"lse_base": self.lse_base, "empty_lse": self.empty_lse}
+    def as_data(self) -> dict[str, object]:
+        return {"lse_base": self.lse_base, "empty_lse": self.empty_lse,
+                "lse_includes_sink": self.lse_includes_sink}
 
     @classmethod
     def from_data(cls, data: object) -> Conventions:
-        if not isinstance(data, dict) or set(data) != {"lse_base", "empty_lse"}:
-            raise ValueError(f"conventions {str(data)[:200]} are not {{lse_base, empty_lse}}")
-        return cls(data["lse_base"], data["empty_lse"])
+        names = {"lse_base", "empty_lse", "lse_includes_sink"}
+        if not isinstance(data, dict) or set(data) != names:
+            raise ValueError(f"conventions {str(data)[:200]} do not have the fields "
+                             f"{sorted(names)}")
+        return cls(data["lse_base"], data["empty_lse"], data["lse_includes_sink"])
 
     @property
     def empty_lse_natural(self) -> float:
@@ -265,7 +277,8 @@ class Conventions:
     def describe(self) -> dict[str, object]:
         base = "e" if self.lse_base == math.e else self.lse_base
         return {"lse_base": base, "empty_lse": self.empty_lse,
-                "empty_lse_natural": self.empty_lse_natural}
+                "empty_lse_natural": self.empty_lse_natural,
+                "lse_includes_sink": self.lse_includes_sink}
 
 
 @dataclass

@@ -25,7 +25,8 @@ class NumpySplitK(Backend):
     name = "numpy"
     description = "split-K paged decode in NumPy: float32 partial states, GQA-packed, LSE merge"
     capabilities = Capabilities(features=frozenset({"lse", "merge", "split_k", "sliding_window",
-                                                    "sinks"}),
+                                                    "sinks", "soft_cap", "sink_logits",
+                                                    "alibi"}),
                                 split_counts=(1, 3, 8), kv_dtypes=frozenset(FP8_DTYPES),
                                 kv_scales=frozenset(SCALE_MODES), q_dtypes=frozenset(FP8_DTYPES))
 
@@ -82,6 +83,27 @@ class NumpySplitK(Backend):
         """A page's scores as the softmax sees them: float32, as computed."""
         return scores
 
+    def modified_scores(self, scores: np.ndarray, tokens: np.ndarray, problem: Problem,
+                        context_len: int, heads: np.ndarray) -> np.ndarray:
+        """Scaled scores ``(kv_heads, group, tokens)`` capped and biased as the model says;
+        ``heads`` ``(kv_heads, group)`` are the query heads of the tile."""
+        if problem.soft_cap is not None:
+            cap = F32(problem.soft_cap)
+            scores = cap * np.tanh(scores / cap)
+        if problem.alibi_slopes is not None:
+            offsets = (tokens - (context_len - 1)).astype(F32)
+            scores = scores + problem.alibi_slopes[heads][..., None] * offsets
+        return scores.astype(F32)
+
+    def sink_state(self, problem: Problem, heads: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The sink logits as one more partial state (m = z, l = 1, acc = 0) for the combine,
+        or None without them: the sink joins once, however many splits."""
+        if problem.sink_logits is None:
+            return None
+        m = problem.sink_logits[heads].astype(F32)
+        return m, np.ones_like(m), np.zeros((*m.shape, problem.head_dim), F32)
+
     def accumulator(self, acc: np.ndarray, problem: Problem) -> np.ndarray:
         """The running output accumulator after a page: float32, kept as it is."""
         return acc
@@ -111,6 +133,7 @@ class NumpySplitK(Backend):
         hq, hkv, d, _ps = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim, \
             problem.page_size
         order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
+        heads = order.reshape(hkv, -1)  # the query heads of each KV head's tile
         for b in range(problem.batch):
             n = int(problem.context_lens[b])
             q = self.query(problem, b)[order].reshape(hkv, -1, d)
@@ -118,8 +141,9 @@ class NumpySplitK(Backend):
             partials = []
             for s in range(splits):
                 start, end = s * split_len, min(n, (s + 1) * split_len)
-                partials.append(self.split_state(problem, b, q, start, end, n))
-            merged_out, merged_lse = self.combine(partials)
+                partials.append(self.split_state(problem, b, q, start, end, n, heads))
+            sink = self.sink_state(problem, heads)
+            merged_out, merged_lse = self.combine(partials + ([sink] if sink else []))
             row = np.empty((hq, d), dtype=F32)
             row[order] = merged_out.reshape(hq, d)
             row_lse = np.empty(hq, dtype=F32)
@@ -133,13 +157,15 @@ class NumpySplitK(Backend):
         return row.astype(dtype)
 
     def split_state(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
-                    context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    context_len: int, heads: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Online softmax over the pages of one split: returns (m, l, acc)."""
         with np.errstate(over="ignore", invalid="ignore"):  # a kernel raises no FP traps
-            return self._online_softmax(problem, b, q, start, end, context_len)
+            return self._online_softmax(problem, b, q, start, end, context_len, heads)
 
     def _online_softmax(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
-                        context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        context_len: int, heads: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ps = problem.page_size
         m = np.full(q.shape[:2], -np.inf, dtype=F32)
         total = np.zeros(q.shape[:2], dtype=F32)
@@ -152,6 +178,7 @@ class NumpySplitK(Backend):
                 continue
             keys, values = loaded
             scores = self.held_scores(np.einsum("hgd,thd->hgt", q, keys), problem)
+            scores = self.modified_scores(scores, tokens, problem, context_len, heads)
             scores = np.where(valid, scores, F32(-np.inf))
             m_new = np.maximum(m, scores.max(axis=-1))
             live = np.isfinite(m_new)

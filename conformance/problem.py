@@ -28,7 +28,7 @@ from conformance.dtypes import (
     quantize,
 )
 from conformance.spec import GARBAGE_CHUNK, Case  # at most this many garbage elements drawn
-from references import kept_tokens
+from references import alibi_slopes, kept_tokens
 
 # Output poisons: a first run sees NaN, a second run a finite value no real output takes.
 POISONS = (float("nan"), -12288.0)
@@ -60,6 +60,12 @@ class Problem:
     # An fp8 query: q holds codes read as q * q_scale (shape (1,)); the output is out_dtype.
     q_scale: np.ndarray | None = None
     out_dtype: type | None = None
+    # What the model does to the scores: scaled scores s become soft_cap * tanh(s / soft_cap),
+    # plus alibi_slopes[h] * (key position - (context_len - 1)); a sink logit z_h adds
+    # exp(z_h) to the softmax denominator. Slopes and sink logits: (num_qo_heads,) float32.
+    soft_cap: float | None = None
+    sink_logits: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
 
     @property
     def batch(self) -> int:
@@ -102,7 +108,7 @@ class Problem:
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {"q": self.q, "k_pages": self.k_pages, "v_pages": self.v_pages,
                   "block_table": self.block_table, "context_lens": self.context_lens}
-        for name in ("k_scale", "v_scale", "q_scale"):
+        for name in ("k_scale", "v_scale", "q_scale", "sink_logits", "alibi_slopes"):
             if getattr(self, name) is not None:
                 arrays[name] = getattr(self, name)
         return arrays
@@ -172,6 +178,9 @@ class LogicalKV:
     v_scales: tuple[np.ndarray, ...] = ()
     q_scale: np.ndarray | None = None  # an fp8 query's (1,) scale
     out_dtype: type | None = None  # with an fp8 query: the output's dtype
+    soft_cap: float | None = None  # the score modifiers, as in Problem
+    sink_logits: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
     # Every layout's pool holds at least this many elements (the case's ``pool_pages`` at its
     # own page geometry): the page count follows the layout's page size and heads, so flat
     # offsets past an index width stay past it and no re-layout grows the memory.
@@ -257,7 +266,8 @@ class LogicalKV:
                        kv_scale=quant.mode if quant is not None else None, k_scale=k_scale,
                        v_scale=v_scale,
                        q_scale=None if self.q_scale is None else self.q_scale.copy(),
-                       out_dtype=self.out_dtype)
+                       out_dtype=self.out_dtype, soft_cap=self.soft_cap,
+                       sink_logits=_copy(self.sink_logits), alibi_slopes=_copy(self.alibi_slopes))
 
     def _per_sequence(self, pick) -> dict:
         """The per-sequence fields, each sequence's entry replaced by ``pick(entries)``."""
@@ -318,6 +328,10 @@ class LogicalKV:
         return replace(first, q=np.concatenate([p.q for p in parts]), **{
             name: tuple(e for p in parts for e in p._per_sequence(lambda x: x)[name])
             for name in first._per_sequence(lambda x: x)})
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else array.copy()
 
 
 def stored(logical: LogicalKV, kv_dtype: np.dtype, q_dtype: np.dtype) -> LogicalKV:
@@ -423,10 +437,31 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
         q = q / np.repeat(growth, g)[:, None]
     logical = LogicalKV(q=q, keys=tuple(keys), values=tuple(values), sm_scale=case.scale,
                         window=case.window, sinks=case.sinks,
-                        pool_elements=case.pool_pages * case.page_size * hkv * d)
+                        pool_elements=case.pool_pages * case.page_size * hkv * d,
+                        **score_modifiers(case))
     if (case.kv_dtype is None and case.q_dtype is None) or not quantized:
         return stored(logical, dtype, dtype)
     return quantize_case(case, logical, rng)
+
+
+def score_modifiers(case: Case) -> dict:
+    """The case's soft-cap, sink logits and ALiBi slopes, as the problem holds them; drawn
+    sink logits come from a stream of their own, so they change no other value of a case."""
+    hq = case.num_qo_heads
+    sink_logits = None
+    if isinstance(case.sink_logits, tuple):
+        sink_logits = np.asarray(case.sink_logits)
+    elif case.sink_logits == "minus-inf":
+        sink_logits = np.full(hq, -np.inf)
+    elif case.sink_logits is not None:
+        draw = np.random.default_rng([case.seed, 19]).standard_normal(hq)
+        sink_logits = 2.0 * draw if case.sink_logits == "normal" else 12.0 + 0.5 * draw
+    slopes = None
+    if case.alibi:
+        slopes = alibi_slopes(hq) if case.alibi is True else np.asarray(case.alibi)
+    return {"soft_cap": case.soft_cap,
+            "sink_logits": None if sink_logits is None else sink_logits.astype(np.float32),
+            "alibi_slopes": None if slopes is None else slopes.astype(np.float32)}
 
 
 def quantize_case(case: Case, logical: LogicalKV, rng: np.random.Generator) -> LogicalKV:

@@ -64,6 +64,16 @@ KV_SCALINGS = {
 }
 
 
+# Learned per-query-head sink logits (gpt-oss): a term exp(sink) in the softmax denominator
+# that is not a token. Named draws, or an explicit list of one float per query head.
+SINK_LOGITS = {
+    "normal": "each query head's sink logit standard normal, times 2: comparable to the scores",
+    "large": "each about 12: the sink takes nearly all the weight and the output shrinks "
+             "~1e4-fold (still a normal float16)",
+    "minus-inf": "every sink logit -inf: the softmax as without a sink",
+}
+
+
 class SpecError(ValueError):
     """A spec entry that cannot become a case; the message names the entry and the field."""
 
@@ -91,6 +101,9 @@ class Case:
     kv_scale: str = "per-tensor"  # with kv_dtype: the scales' layout (SCALE_MODES)
     kv_scaling: str = "fit"  # with kv_dtype: how the scales are drawn (KV_SCALINGS)
     q_dtype: str | None = None  # an fp8 format: the query stored as codes with a q_scale
+    soft_cap: float | None = None  # scores become cap * tanh(score / cap) (Gemma 2)
+    sink_logits: str | tuple[float, ...] | None = None  # SINK_LOGITS, or one per query head
+    alibi: bool | tuple[float, ...] = False  # True: the standard slopes; or one per query head
     tag: str = ""
     fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
@@ -114,6 +127,14 @@ class Case:
         detail += f"-{self.distribution}"
         if self.sm_scale is not None:
             detail += f"-scale{self.sm_scale:g}"
+        if self.soft_cap is not None:
+            detail += f"-softcap{self.soft_cap:g}"
+        if self.sink_logits is not None:
+            detail += "-sinklogits" + (
+                "" if self.sink_logits == "normal" else f"-{self.sink_logits}"
+                if isinstance(self.sink_logits, str) else _listed(self.sink_logits))
+        if self.alibi:
+            detail += "-alibi" + ("" if self.alibi is True else _listed(self.alibi))
         if self.num_splits is not None:
             detail += f"-splits{self.num_splits}"
         if self.shared_pages:
@@ -175,7 +196,16 @@ class Case:
             needed.add("sliding_window")
         if self.sinks:
             needed.add("sinks")
+        for feature, present in (("soft_cap", self.soft_cap is not None),
+                                 ("sink_logits", self.sink_logits is not None),
+                                 ("alibi", bool(self.alibi))):
+            if present:
+                needed.add(feature)
         return frozenset(needed)
+
+
+def _listed(values: tuple[float, ...]) -> str:
+    return "[" + ",".join(f"{v:g}" for v in values) + "]"
 
 
 @dataclass(frozen=True)
@@ -215,6 +245,7 @@ _CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtyp
 _CROSSED = {"dtypes": ("dtype", DTYPES), "kv_dtypes": ("kv_dtype", FP8_DTYPES),
             "q_dtypes": ("q_dtype", FP8_DTYPES)}  # lists every case is crossed with
 _NAMED = {"distribution": DISTRIBUTIONS, "kv_scale": SCALE_MODES, "kv_scaling": KV_SCALINGS}
+_PER_HEAD = ("sink_logits", "alibi")  # a name or a flag, or one float per query head
 _FIELD_NAMES = sorted(_CASE_FIELDS | set(_CROSSED))
 _FAMILY_KEYS = {"name", "doc", "profiles", "set", "grid", "variants"}
 
@@ -261,12 +292,14 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
         elif name in _INT_FIELDS:
             kwargs[name] = _int(where, name, value, 0 if name in (
                 "sinks", "shared_pages", "table_padding", "pool_pages") else 1)
-        elif name == "sm_scale":
+        elif name in ("sm_scale", "soft_cap"):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
                     math.isfinite(value) and value > 0):
-                raise SpecError(f"{where}: field 'sm_scale' must be a finite positive number, "
+                raise SpecError(f"{where}: field {name!r} must be a finite positive number, "
                                 f"got {value!r}")
             kwargs[name] = float(value)
+        elif name in _PER_HEAD:
+            kwargs[name] = _per_head(where, name, value)
         elif name in ("tag", *_NAMED):
             if not isinstance(value, str):
                 raise SpecError(f"{where}: field {name!r} must be a string, got {value!r}")
@@ -280,6 +313,11 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
     if kwargs["num_qo_heads"] % kwargs["num_kv_heads"]:
         raise SpecError(f"{where}: num_qo_heads={kwargs['num_qo_heads']} is not a multiple of "
                         f"num_kv_heads={kwargs['num_kv_heads']}")
+    for name in _PER_HEAD:
+        value = kwargs.get(name)
+        if isinstance(value, tuple) and len(value) != kwargs["num_qo_heads"]:
+            raise SpecError(f"{where}: field {name!r} lists {len(value)} values for "
+                            f"num_qo_heads={kwargs['num_qo_heads']}: one per query head")
     for name in ("kv_scale", "kv_scaling"):
         if name in kwargs and kv_dtype is None:
             raise SpecError(f"{where}: field {name!r} needs 'kv_dtypes' (scales belong to a "
@@ -293,6 +331,29 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
     if kwargs.get("shared_pages") and len(kwargs["context_lens"]) < 2:
         raise SpecError(f"{where}: field 'shared_pages' needs a batch of at least 2")
     return Case(family=family, dtype=dtype, **kwargs)
+
+
+def _per_head(where: str, name: str, value: Any) -> Any:
+    """``sink_logits``: a SINK_LOGITS name or floats (-inf allowed); ``alibi``: a flag or
+    finite floats."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                and not math.isnan(v) and (name == "sink_logits"
+                                                           or math.isfinite(v))
+                                for v in value):
+            raise SpecError(f"{where}: field {name!r} must list one "
+                            f"{'number' if name == 'sink_logits' else 'finite number'} per "
+                            f"query head, got {value!r}")
+        return tuple(float(v) for v in value)
+    if name == "alibi":
+        if not isinstance(value, bool):
+            raise SpecError(f"{where}: field 'alibi' must be true, false or a list of slopes "
+                            f"(one per query head), got {value!r}")
+        return value
+    if not isinstance(value, str) or value not in SINK_LOGITS:
+        raise SpecError(f"{where}: field 'sink_logits' is {value!r}; known: "
+                        f"{', '.join(SINK_LOGITS)}, or a list of one number per query head")
+    return value
 
 
 def _dtypes(where: str, value: Any, field_name: str = "dtypes") -> list[str]:

@@ -79,12 +79,14 @@ def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf)
     return float((diff / np.maximum(1.0, np.abs(want[live]))).max())
 
 
-def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float
+def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float,
+                 scores_per_row: list[np.ndarray], soft_cap: float | None = None
                  ) -> list[np.ndarray]:
-    """Per row, ``(num_qo_heads, n)``: how far float32 arithmetic alone may move each scaled
-    score. Two parts: the dot product's accumulation,
-    ``ROUNDING_MARGIN * sqrt(d) * u * sum_i |q_i k_ji| * sm_scale``, and holding the score in
-    float32 (one spacing at its size).
+    """Per row, ``(num_qo_heads, n)``: how far float32 arithmetic alone may move each score
+    the softmax sees (``scores_per_row``: capped and biased). Two parts: the dot product's
+    accumulation, ``ROUNDING_MARGIN * sqrt(d) * u * sum_i |q_i k_ji| * sm_scale`` (times the
+    cap's slope ``1 - tanh^2`` under a soft-cap), and holding the score in float32 (one
+    spacing at its size).
 
     One model for both floors (``lse_rounding``, ``output_rounding``). The ratio rule's
     low-precision oracle can be lucky in its summation order where a kernel is not: scores of
@@ -93,12 +95,29 @@ def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float
     """
     d = q.shape[-1]
     errors = []
-    for b, keys in enumerate(keys_per_row):  # keys: (n, num_qo_heads, d), per query head
+    for b, (keys, scores) in enumerate(zip(keys_per_row, scores_per_row, strict=True)):
         magnitude = np.einsum("hd,nhd->hn", np.abs(q[b]), np.abs(keys)) * sm_scale
-        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+        accumulated = ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude
+        if soft_cap is not None:
+            raw = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+            accumulated = accumulated * (1.0 - np.tanh(raw / soft_cap) ** 2)
         held = np.spacing(np.abs(scores).astype(np.float32)).astype(np.float64)
-        errors.append(ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude + held)
+        errors.append(accumulated + held)
     return errors
+
+
+def softmax_weights(scores: np.ndarray, sink: np.ndarray | None) -> np.ndarray:
+    """``(heads, n)`` softmax weights of one row's scores, a sink logit per head counted in
+    the denominator."""
+    with np.errstate(invalid="ignore"):
+        top = scores.max(axis=1, keepdims=True)
+        if sink is not None:
+            top = np.maximum(top, np.asarray(sink, np.float64)[:, None])
+        weights = np.exp(scores - top)
+        total = weights.sum(axis=1, keepdims=True)
+        if sink is not None:
+            total = total + np.exp(np.asarray(sink, np.float64)[:, None] - top)
+    return weights / total
 
 
 def score_rounding(errors: list[np.ndarray], num_qo_heads: int) -> np.ndarray:
@@ -119,21 +138,19 @@ def lse_rounding(score_error: np.ndarray, lse: np.ndarray) -> float:
     return float((score_error[live] / np.maximum(1.0, np.abs(lse[live]))).max())
 
 
-def score_error_bound(errors: list[np.ndarray], q: np.ndarray, keys_per_row: list[np.ndarray],
-                      values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray
-                      ) -> np.ndarray:
+def score_error_bound(errors: list[np.ndarray], scores_per_row: list[np.ndarray],
+                      values_per_row: list[np.ndarray], out: np.ndarray,
+                      sink: np.ndarray | None = None) -> np.ndarray:
     """``(batch, num_qo_heads)``: how far the score errors (``score_errors``) alone may move
     each row's output, to first order: ``sum_j w_j err_j max_d |v_jd - out_d|``. Negligible
     for ordinary scores; where scores are ~1e4-1e5 and some lie within their own rounding
     of one another (``very-negative``, or ``large`` over an fp8 cache's few key values) it
     is the accuracy no float32 kernel can beat."""
     bound = np.zeros(out.shape[:2])
-    for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
-        if keys.shape[0] == 0:
+    for b, (scores, values) in enumerate(zip(scores_per_row, values_per_row, strict=True)):
+        if scores.shape[1] == 0:
             continue
-        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        weights /= weights.sum(axis=1, keepdims=True)
+        weights = softmax_weights(scores, sink)
         spread = np.abs(values - out[b][None]).max(axis=2).T  # (heads, n)
         bound[b] = (weights * errors[b] * spread).sum(axis=1)
     return bound
@@ -148,29 +165,27 @@ def output_rounding(score_bound: np.ndarray, out: np.ndarray, dtype: type) -> fl
     return (float(score_bound.max(initial=0.0)) + stored) / scale
 
 
-def trivial_answers(q: np.ndarray, keys_per_row: list[np.ndarray],
-                    values_per_row: list[np.ndarray], sm_scale: float, out: np.ndarray
-                    ) -> dict[str, np.ndarray]:
+def trivial_answers(scores_per_row: list[np.ndarray], values_per_row: list[np.ndarray],
+                    out: np.ndarray, sink: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Answers a broken kernel gives without attending properly: zeros, the plain mean of
     the kept values, and the output without each row's heaviest token. A budget that admits
     one of them where it is wrong cannot judge the case."""
     mean, dropped = np.zeros_like(out), np.array(out, dtype=np.float64)
-    for b, (keys, values) in enumerate(zip(keys_per_row, values_per_row, strict=True)):
-        n = keys.shape[0]
+    for b, (scores, values) in enumerate(zip(scores_per_row, values_per_row, strict=True)):
+        n = scores.shape[1]
         if n == 0:
             continue
         mean[b] = values.mean(axis=0)
-        if n == 1:
+        if n == 1 and sink is None:
             dropped[b] = 0.0
             continue
-        scores = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        weights /= weights.sum(axis=1, keepdims=True)
+        weights = softmax_weights(scores, sink)
         heaviest = weights.argmax(axis=1)
         heads = np.arange(weights.shape[0])
         w = weights[heads, heaviest][:, None]
         v = values[heaviest, heads]  # (heads, d)
-        dropped[b] = (out[b] - w * v) / np.maximum(1.0 - w, np.finfo(np.float64).tiny)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dropped[b] = (out[b] - w * v) / np.maximum(1.0 - w, np.finfo(np.float64).tiny)
     return {"zeros": np.zeros_like(out), "mean of V": mean, "one token dropped": dropped}
 
 

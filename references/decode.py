@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -53,24 +55,44 @@ def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return codes.astype(np.float64) * scales[..., None]
 
 
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """The standard ALiBi slopes (Press et al., as BLOOM and MPT compute them): for a power
+    of two n, 2^(-8i/n) for i = 1..n; otherwise those of the power of two below, then every
+    other slope of twice that."""
+    def powers(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    below = 1 << (num_heads.bit_length() - 1)
+    slopes = powers(below) + powers(2 * below)[0::2][:num_heads - below]
+    return np.asarray(slopes, dtype=np.float64)
+
+
 def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      block_table: np.ndarray, context_lens: np.ndarray, *,
                      sm_scale: float, window: int | None = None, sinks: int = 0,
                      k_scale: np.ndarray | None = None, v_scale: np.ndarray | None = None,
-                     q_scale: np.ndarray | None = None, precision: type = np.float64
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     q_scale: np.ndarray | None = None, soft_cap: float | None = None,
+                     sink_logits: np.ndarray | None = None,
+                     alibi_slopes: np.ndarray | None = None, lse_includes_sink: bool = True,
+                     precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
     """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
 
     A quantized cache (fp8 codes in the pages, ``k_scale``/``v_scale`` as in
     ``token_scales``) and an fp8 query (``q_scale``, shape ``(1,)``) are read as the values
     they denote, ``code * scale``: the oracle is exact for them as for any other input.
 
+    The score of key position ``j`` is ``s = q.k * sm_scale``, then ``soft_cap * tanh(s /
+    soft_cap)`` with a cap, then plus ``slope_h * (j - (context_len - 1))`` with ALiBi (the
+    query sits at the last position). A sink logit ``z_h`` adds ``exp(z_h)`` to the softmax
+    denominator and nothing to the numerator; the LSE includes it unless
+    ``lse_includes_sink`` is off. An empty context gives output 0 and LSE -inf (with a sink
+    logit included: ``z_h``).
+
     ``precision`` other than float64 recomputes the same formula as a careful kernel in that
     precision would: inputs in ``precision``; scores, their maximum, exponentials and sums
     held in float32 (float64 for float64), as every flash-style kernel keeps them in
     registers; the probabilities rounded to ``precision`` for the ``P @ V`` product, and the
     output stored in it. The error-ratio tolerance rule uses it to learn how much error the
-    case's own precision costs. An empty context gives output 0 and LSE -inf.
+    case's own precision costs.
     """
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
@@ -83,22 +105,58 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     def rounded(x: np.ndarray) -> np.ndarray:
         return np.asarray(x).astype(precision).astype(accumulate)
 
+    modifiers = Modifiers(accumulate, sm_scale, soft_cap, sink_logits, alibi_slopes,
+                          lse_includes_sink)
     out = np.zeros((batch, num_qo_heads, head_dim), dtype=np.float64)
     lse = np.full((batch, num_qo_heads), -np.inf, dtype=np.float64)
     for b in range(batch):
-        positions = kept_tokens(int(context_lens[b]), window, sinks)
+        n = int(context_lens[b])
+        positions = kept_tokens(n, window, sinks)
         if positions.size == 0:
+            lse[b] = modifiers.empty_lse(num_qo_heads)
             continue
         keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions, k_scale,
                                        v_scale)
         for h in range(num_qo_heads):
             out[b, h], lse[b, h] = _attend(q[b, h], keys[:, h // group], values[:, h // group],
-                                           accumulate(sm_scale), rounded)
+                                           rounded, modifiers, h, positions - (n - 1))
     return out, lse
 
 
-def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, sm_scale: float,
-            rounded) -> tuple[np.ndarray, float]:
+@dataclass(frozen=True)
+class Modifiers:
+    """What a model does to the scores (soft-cap, ALiBi) and to the softmax (sink logits)."""
+
+    accumulate: type
+    sm_scale: float
+    soft_cap: float | None = None
+    sink_logits: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
+    lse_includes_sink: bool = True
+
+    def scores(self, raw: np.ndarray, h: int, offsets: np.ndarray) -> np.ndarray:
+        """Scaled, capped and biased scores of head ``h``; ``offsets`` = key position minus
+        query position."""
+        scores = raw * self.accumulate(self.sm_scale)
+        if self.soft_cap is not None:
+            cap = self.accumulate(self.soft_cap)
+            scores = cap * np.tanh(scores / cap)
+        if self.alibi_slopes is not None:
+            scores = scores + self.accumulate(self.alibi_slopes[h]) * offsets.astype(
+                self.accumulate)
+        return scores
+
+    def sink(self, h: int) -> float | None:
+        return None if self.sink_logits is None else self.accumulate(self.sink_logits[h])
+
+    def empty_lse(self, num_heads: int) -> np.ndarray:
+        if self.sink_logits is None or not self.lse_includes_sink:
+            return np.full(num_heads, -np.inf)
+        return np.asarray(self.sink_logits, dtype=np.float64)
+
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, rounded,
+            modifiers: Modifiers, h: int, offsets: np.ndarray) -> tuple[np.ndarray, float]:
     """Softmax attention of one query head over its tokens; low precision may overflow,
     which is its measured error, not a fault.
 
@@ -106,8 +164,11 @@ def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, sm_scale: float
     512) would make the model itself answer noise and the budget admit any output."""
     with np.errstate(over="ignore", invalid="ignore"):
         qh, kh, vh = rounded(q), rounded(keys), rounded(values)
-        scores = (kh @ qh) * sm_scale
-        top = scores.max()
+        scores = modifiers.scores(kh @ qh, h, offsets)
+        sink = modifiers.sink(h)
+        top = scores.max() if sink is None or sink == -np.inf else max(scores.max(), sink)
         weights = np.exp(scores - top)
-        total = weights.sum()
-        return rounded((rounded(weights) @ vh) / total), top + np.log(total)
+        tokens = weights.sum()
+        total = tokens if sink is None else tokens + np.exp(sink - top)
+        lse = top + np.log(total if modifiers.lse_includes_sink else tokens)
+        return rounded((rounded(weights) @ vh) / total), lse

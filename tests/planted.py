@@ -309,8 +309,8 @@ class SplitPartialsInHalf(NumpySplitK):
 
     name = "bug-split-partials-in-half"
 
-    def split_state(self, problem, b, q, start, end, context_len):
-        m, total, acc = super().split_state(problem, b, q, start, end, context_len)
+    def split_state(self, problem, b, q, start, end, context_len, heads):
+        m, total, acc = super().split_state(problem, b, q, start, end, context_len, heads)
         if problem.dtype == np.float16:
             with np.errstate(over="ignore"):
                 acc = acc.astype(np.float16).astype(F32)
@@ -469,6 +469,94 @@ class QScaleIgnored(NumpySplitK):
         return problem.q[b].astype(F32) * F32(problem.sm_scale)
 
 
+class SoftCapAfterSoftmax(NumpySplitK):
+    """Applies the soft-cap to the probabilities, after the softmax, not to the scores: on
+    values in [0, 1] a cap of 30 bends nothing, so the scores go uncapped."""
+
+    name = "bug-soft-cap-after-softmax"
+
+    def modified_scores(self, scores, tokens, problem, context_len, heads):
+        return super().modified_scores(scores, tokens, replace(problem, soft_cap=None),
+                                       context_len, heads)
+
+
+class SoftCapOfUnscaledScores(NumpySplitK):
+    """Caps ``q . k`` before the softmax scale: ``cap * tanh(q.k / cap) * sm_scale``."""
+
+    name = "bug-soft-cap-of-unscaled-scores"
+
+    def modified_scores(self, scores, tokens, problem, context_len, heads):
+        if problem.soft_cap is None:
+            return super().modified_scores(scores, tokens, problem, context_len, heads)
+        cap, scale = F32(problem.soft_cap), F32(problem.sm_scale)
+        capped = (cap * np.tanh(scores / scale / cap) * scale).astype(F32)
+        return super().modified_scores(capped, tokens, replace(problem, soft_cap=None),
+                                       context_len, heads)
+
+
+class TanhThroughExp(NumpySplitK):
+    """Computes the cap's tanh as ``(e^x - e^-x) / (e^x + e^-x)``: past |x| ~ 88 both exps
+    overflow float32 and the score is inf / inf = NaN."""
+
+    name = "bug-tanh-through-exp"
+
+    def modified_scores(self, scores, tokens, problem, context_len, heads):
+        if problem.soft_cap is None:
+            return super().modified_scores(scores, tokens, problem, context_len, heads)
+        cap = F32(problem.soft_cap)
+        x = (scores / cap).astype(F32)
+        tanh = (np.exp(x) - np.exp(-x)) / (np.exp(x) + np.exp(-x))
+        return super().modified_scores((cap * tanh).astype(F32), tokens,
+                                       replace(problem, soft_cap=None), context_len, heads)
+
+
+class SinkPerSplit(NumpySplitK):
+    """Adds the sink's ``exp(z)`` to every split's denominator, not once per row."""
+
+    name = "bug-sink-per-split"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        self.splits = num_splits or self.default_splits(problem)
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+    def sink_state(self, problem, heads):
+        state = super().sink_state(problem, heads)
+        return None if state is None else (state[0], state[1] * F32(self.splits), state[2])
+
+
+class SinkByKvHead(NumpySplitK):
+    """Reads the sink logit of query head ``h`` at its KV head, ``h // group``."""
+
+    name = "bug-sink-by-kv-head"
+
+    def sink_state(self, problem, heads):
+        if problem.sink_logits is None:
+            return None
+        by_kv = problem.sink_logits[np.arange(problem.num_qo_heads) // problem.group_size]
+        return super().sink_state(replace(problem, sink_logits=by_kv), heads)
+
+
+class AlibiSlopesReversed(NumpySplitK):
+    """Gives query head ``h`` the slope of head ``num_qo_heads - 1 - h``."""
+
+    name = "bug-alibi-slopes-reversed"
+
+    def modified_scores(self, scores, tokens, problem, context_len, heads):
+        if problem.alibi_slopes is not None:
+            problem = replace(problem, alibi_slopes=problem.alibi_slopes[::-1].copy())
+        return super().modified_scores(scores, tokens, problem, context_len, heads)
+
+
+class AlibiFromFirstToken(NumpySplitK):
+    """Biases by ``slope * key position`` (from the first token), not by the distance back
+    from the query: the same shift of every score of a row, so only the LSE shows it."""
+
+    name = "bug-alibi-from-first-token"
+
+    def modified_scores(self, scores, tokens, problem, context_len, heads):
+        return super().modified_scores(scores, tokens, problem, 1, heads)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -511,6 +599,13 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (E5m2ReadAsE4m3, "oracle/output"),
     (ScaleCompiledIn, "invariance/kv-scale"),
     (QScaleIgnored, "oracle/output"),
+    (SoftCapAfterSoftmax, "oracle/output"),
+    (SoftCapOfUnscaledScores, "oracle/output"),
+    (TanhThroughExp, "oracle/output"),
+    (SinkPerSplit, "oracle/output"),
+    (SinkByKvHead, "oracle/output"),
+    (AlibiSlopesReversed, "oracle/output"),
+    (AlibiFromFirstToken, "oracle/lse"),
 ]
 
 
@@ -595,12 +690,12 @@ class HeadDimTailIgnored(NumpySplitK):
 
     name = "bug-head-dim-tail-ignored"
 
-    def split_state(self, problem, b, q, start, end, context_len):
+    def split_state(self, problem, b, q, start, end, context_len, heads):
         d = q.shape[-1]
         if d % 32:
             q = q.copy()
             q[..., d - d % 32:] = 0
-        return super().split_state(problem, b, q, start, end, context_len)
+        return super().split_state(problem, b, q, start, end, context_len, heads)
 
 
 class DropsTokenOnPositiveKey(NumpySplitK):

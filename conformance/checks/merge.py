@@ -36,18 +36,44 @@ def _cuts(kept: int, page_size: int, scheme: str) -> list[int]:
     return [0, 0, half, half, kept]
 
 
+def _at_gap(cuts: list[int], kept: np.ndarray) -> list[int]:
+    """The cuts with one more: where the kept positions jump (first-N sinks, then the
+    window), or a repeat of the last cut (an empty segment) where they do not; every row
+    gains one, so segment ``j`` means the same in every row."""
+    jumps = np.flatnonzero(np.diff(kept) > 1)
+    return sorted([*cuts, int(jumps[0]) + 1 if jumps.size else cuts[-1]])
+
+
 def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
-    """Decode the kept tokens cut into segments; returns the states or an error message."""
+    """Decode the kept tokens cut into segments; returns the states or an error message.
+
+    A segment is a fresh problem of its tokens alone: no window, no first-N sinks, and no
+    sink logits (applied once to the merged state, ``Trial.with_sink``). With ALiBi its
+    positions restart at 0 with the query after its last token, which moves every score of
+    head h by the same ``slope_h * (last position - query position)``: cut where the kept
+    positions jump, so each segment is contiguous, and add that to its LSE."""
     logical, problem = trial.logical, trial.problem
     kept = [problem.kept(b) for b in range(problem.batch)]
     cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
+    if problem.alibi_slopes is not None:
+        cuts = [_at_gap(c, k) for c, k in zip(cuts, kept, strict=True)]
     count = len(cuts[0]) - 1
 
     def segment(j: int) -> Problem:
         rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
-        # a segment holds kept tokens only: no window or sinks left to apply
-        part = replace(logical.take(rows), window=None, sinks=0)
+        part = replace(logical.take(rows), window=None, sinks=0, sink_logits=None)
         return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
+
+    def shift(j: int, state: AttentionState) -> AttentionState:
+        """The segment's LSE where its tokens really lie (ALiBi), else as it is."""
+        if problem.alibi_slopes is None:
+            return state
+        offsets = np.array([k[c[j + 1] - 1] - (n - 1) if c[j + 1] > c[j] else 0 for k, c, n
+                            in zip(kept, cuts, problem.context_lens.tolist(), strict=True)])
+        moved = state.lse + (offsets[:, None] * problem.alibi_slopes[None, :]).astype(
+            np.float32)
+        return AttentionState(state.out, np.where(np.isneginf(state.lse), state.lse, moved)
+                              .astype(np.float32))
 
     states, laid = [], [segment(0)]
     for j in range(count):
@@ -56,7 +82,7 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
                            if j + 1 < count else None)
         if run.exception:
             return f"segment {j} ({scheme} cuts): {run.exception}"
-        states.append(run.state)
+        states.append(shift(j, run.state))
     return states
 
 
@@ -86,7 +112,7 @@ def check_merge(trial: Trial) -> list[Outcome]:
                 outcomes.append(Outcome(check, Status.ERROR, message=states))
                 continue
             pieces[scheme] = states
-            merged = _fold(trial, states)
+            merged = trial.with_sink(_fold(trial, states))
             outcome = trial.compare(check, merged, ref_out, ref_lse, scale=len(states),
                                     what=f"{len(states)} segments merged vs oracle")
             outcomes.append(outcome)
@@ -98,7 +124,7 @@ def check_merge(trial: Trial) -> list[Outcome]:
         ("merge/both-empty", lambda: _both_empty(trial, empty)),
     ]
     if "page" in pieces:
-        a, b, c = pieces["page"]
+        a, b, c, *_ = pieces["page"]  # three segments (four with ALiBi's gap cut)
         algebra += [
             ("merge/commutative", lambda: trial.compare(
                 "merge/commutative", trial.merge(b, a), *_as_pair(trial.merge(a, b)),

@@ -42,8 +42,8 @@ from conformance.tolerances import (
     table_budget,
     trivial_answers,
 )
-from references import decode_reference
-from references.decode import gather_sequence
+from references import apply_sink, decode_reference
+from references.decode import Modifiers, gather_sequence
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,18 @@ class Trial:
 
     @cached_property
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
-        return reference_of(self.problem)
+        return reference_of(self.problem, lse_includes_sink=self.lse_includes_sink)
+
+    @property
+    def lse_includes_sink(self) -> bool:
+        return self.backend.conventions.lse_includes_sink
 
     @cached_property
     def budget(self) -> tuple[Budget, Budget]:
         """(output budget, LSE budget) for this case on this backend."""
         table = table_budget(self.case.dtype, self.backend.capabilities.float32_matmul)
-        low_out, low_lse = reference_of(self.problem, numpy_dtype(self.case.dtype))
+        low_out, low_lse = reference_of(self.problem, numpy_dtype(self.case.dtype),
+                                        self.lse_includes_sink)
         ref_out, ref_lse = self.reference
         # a second float32 oracle summing in another order: the ratio rule must not rest on
         # one lucky summation order (found by explore at scores of ~-1e5)
@@ -115,17 +120,34 @@ class Trial:
         return Budget(table, ratio_out), Budget(table, ratio_lse)
 
     @cached_property
-    def score_errors(self) -> list[np.ndarray]:
-        """Per row, how far float32 arithmetic alone may move each scaled score."""
+    def kept_scores(self) -> list[np.ndarray]:
+        """Per row, ``(num_qo_heads, n)`` float64: the scores the softmax sees (scaled,
+        capped, biased), of the kept tokens."""
         keys, _ = self.kept_kv()
-        return score_errors(self.query64, keys, self.problem.sm_scale)
+        problem = self.problem
+        modifiers = Modifiers(np.float64, problem.sm_scale, problem.soft_cap, None,
+                              problem.alibi_slopes)
+        scores = []
+        for b, k in enumerate(keys):
+            offsets = problem.kept(b) - (int(problem.context_lens[b]) - 1)
+            raw = np.einsum("hd,nhd->hn", self.query64[b], k)
+            scores.append(np.stack([modifiers.scores(raw[h], h, offsets)
+                                    for h in range(raw.shape[0])]) if raw.size else raw)
+        return scores
+
+    @cached_property
+    def score_errors(self) -> list[np.ndarray]:
+        """Per row, how far float32 arithmetic alone may move each score."""
+        keys, _ = self.kept_kv()
+        return score_errors(self.query64, keys, self.problem.sm_scale, self.kept_scores,
+                            self.problem.soft_cap)
 
     @cached_property
     def score_bound(self) -> np.ndarray:
         """``(batch, heads)``: how far those score errors alone may move each row's output."""
-        keys, values = self.kept_kv()
-        return score_error_bound(self.score_errors, self.query64, keys, values,
-                                 self.problem.sm_scale, self.reference[0])
+        _, values = self.kept_kv()
+        return score_error_bound(self.score_errors, self.kept_scores, values,
+                                 self.reference[0], self.problem.sink_logits)
 
     @property
     def query64(self) -> np.ndarray:
@@ -136,9 +158,9 @@ class Trial:
     @cached_property
     def trivial(self) -> dict[str, np.ndarray]:
         """Trivially wrong answers to this case (``trivial_answers``)."""
-        keys, values = self.kept_kv()
-        return trivial_answers(self.query64, keys, values, self.problem.sm_scale,
-                               self.reference[0])
+        _, values = self.kept_kv()
+        return trivial_answers(self.kept_scores, values, self.reference[0],
+                               self.problem.sink_logits)
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each (the
@@ -202,6 +224,16 @@ class Trial:
         """The backend's merge; a result outside the contract raises ``ContractError``."""
         return self.backend.merge(a, b)
 
+    def with_sink(self, state: AttentionState) -> AttentionState:
+        """A state over all of a row's tokens with the case's sink logits joined once
+        (``apply_sink``), its LSE as the backend's convention has it."""
+        sink = self.problem.sink_logits
+        if sink is None:
+            return state
+        out, lse = apply_sink(state.out, state.lse, sink)
+        return AttentionState(out, lse.astype(np.float32) if self.lse_includes_sink
+                              else state.lse)
+
     def empty_state(self) -> AttentionState:
         shape = self.problem.q.shape
         return AttentionState(out=np.zeros(shape, dtype=self.problem.dtype),
@@ -246,12 +278,16 @@ def reversed_dims(problem: Problem) -> Problem:
                    v_pages=problem.v_pages[..., ::-1])
 
 
-def reference_of(problem: Problem, precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+def reference_of(problem: Problem, precision: type = np.float64, lse_includes_sink: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray]:
     return decode_reference(problem.q, problem.k_pages, problem.v_pages, problem.block_table,
                             problem.context_lens, sm_scale=problem.sm_scale,
                             window=problem.window, sinks=problem.sinks,
                             k_scale=problem.k_scale, v_scale=problem.v_scale,
-                            q_scale=problem.q_scale, precision=precision)
+                            q_scale=problem.q_scale, soft_cap=problem.soft_cap,
+                            sink_logits=problem.sink_logits,
+                            alibi_slopes=problem.alibi_slopes,
+                            lse_includes_sink=lse_includes_sink, precision=precision)
 
 
 def locate(got: np.ndarray, want: np.ndarray) -> str:
