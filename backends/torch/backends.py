@@ -4,13 +4,16 @@
 ``(1, kv_heads, pages * page_size, dim)``, with a block mask whose ``mask_mod`` maps each
 physical slot back to its sequence and position and applies the window and the sinks: no
 page is gathered. Uncompiled on a CPU (PyTorch's dense reference path), compiled with
-``torch.compile`` on CUDA (the flex-decoding kernel serving stacks use).
+``torch.compile`` on CUDA (the flex-decoding kernel serving stacks use). Soft-cap and ALiBi
+are its ``score_mod`` (on the scaled score, as flex applies it); a sink logit is a term of the
+denominator with no key, which neither a mask nor a score_mod can add: not claimed.
 
 ``torch-sdpa`` gathers each sequence's pages into a contiguous cache (outside the timed call)
 and calls the op ``F.scaled_dot_product_attention`` dispatches to, in the variant that
 returns the LSE: ``_scaled_dot_product_flash_attention_for_cpu`` on a CPU,
 ``_scaled_dot_product_efficient_attention`` on CUDA. Neither library has a merge kernel the
-suite could call: no ``merge`` feature.
+suite could call: no ``merge`` feature. ALiBi is part of the float mask it takes (in the
+query's dtype, as the CPU op requires); a soft-cap and sink logits it has no way to take.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class TorchFlex(TorchBackend):
     name = "torch-flex"
     description = ("torch flex_attention over the flattened page pool, a block mask mapping "
                    "slots to (sequence, position); compiled on CUDA, eager on a CPU")
-    capabilities = Capabilities(features=FEATURES, devices=("cpu", "cuda"))
+    capabilities = Capabilities(features=FEATURES | {"soft_cap", "alibi"},
+                                devices=("cpu", "cuda"))
 
     @classmethod
     def availability(cls) -> str | None:
@@ -132,14 +136,33 @@ class TorchFlex(TorchBackend):
 
         block_mask = create_block_mask(mask_mod, batch, None, 1, slots_total, device=device())
         scale = float(problem.sm_scale)
+        score_mod = self.score_mod(problem, positions, context)
 
         def call() -> None:
             output, aux = self.flex(q, k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1),
-                                    block_mask=block_mask, scale=scale, enable_gqa=hq != hkv,
-                                    return_aux=AuxRequest(lse=True))
+                                    score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                    enable_gqa=hq != hkv, return_aux=AuxRequest(lse=True))
             self.results = (output.reshape(batch, hq, d), aux.lse.reshape(batch, hq))
         self.results = (torch.empty(0), torch.empty(0))
         return call
+
+
+    def score_mod(self, problem, positions, context):
+        """The problem's soft-cap and ALiBi as a flex ``score_mod``, or None without them."""
+        import torch
+
+        cap = problem.soft_cap
+        slopes = None if problem.alibi_slopes is None else self.upload(problem.alibi_slopes)
+        if cap is None and slopes is None:
+            return None
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if cap is not None:
+                score = cap * torch.tanh(score / cap)
+            if slopes is not None:
+                score = score + slopes[h] * (positions[b, kv_idx] - (context[b] - 1))
+            return score
+        return score_mod
 
 
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,17 +182,28 @@ def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), attended
 
 
+def attention_bias(problem, attended: np.ndarray) -> np.ndarray:
+    """``(batch, heads, longest)`` float32: -inf where a position is not attended to, else 0,
+    or the ALiBi bias ``slope_h * (position - (context_len - 1))``."""
+    bias = np.where(attended, 0.0, -np.inf)[:, None, :].repeat(problem.num_qo_heads, axis=1)
+    if problem.alibi_slopes is not None:
+        offsets = np.arange(attended.shape[1])[None, :] - (problem.context_lens[:, None] - 1)
+        bias = bias + problem.alibi_slopes[None, :, None] * offsets[:, None, :]
+    return bias.astype(np.float32)
+
+
 class TorchSdpa(TorchBackend):
     name = "torch-sdpa"
     description = ("the LSE-returning op behind F.scaled_dot_product_attention over pages "
                    "gathered into a contiguous cache (flash for CPU, memory-efficient on CUDA)")
-    capabilities = Capabilities(features=FEATURES, devices=("cpu", "cuda"))
+    capabilities = Capabilities(features=FEATURES | {"alibi"}, devices=("cpu", "cuda"))
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         import torch
 
         batch, hq, d = problem.q.shape
         keys, values, attended = contiguous_cache(problem)
+        bias = attention_bias(problem, attended)  # (batch, heads, longest): 0 or -inf, ALiBi
         scale = float(problem.sm_scale)
         q = self.upload(problem.q).reshape(batch, hq, 1, d)
         if device() == "cuda":
@@ -179,9 +213,9 @@ class TorchSdpa(TorchBackend):
             k = self.upload(np.ascontiguousarray(np.repeat(keys, group, axis=1)))
             v = self.upload(np.ascontiguousarray(np.repeat(values, group, axis=1)))
             padded = -(-attended.shape[1] // 16) * 16
-            bias = np.full((batch, hq, 1, padded), -np.inf, dtype=np.float32)
-            bias[:, :, 0, :attended.shape[1]] = np.where(attended, 0.0, -np.inf)[:, None]
-            bias_t = self.upload(bias).to(q.dtype)[..., :attended.shape[1]]
+            full = np.full((batch, hq, 1, padded), -np.inf, dtype=np.float32)
+            full[:, :, 0, :attended.shape[1]] = bias
+            bias_t = self.upload(full).to(q.dtype)[..., :attended.shape[1]]
             op = torch.ops.aten._scaled_dot_product_efficient_attention
 
             def call() -> None:
@@ -190,8 +224,7 @@ class TorchSdpa(TorchBackend):
         else:
             k = self.upload(np.ascontiguousarray(keys))
             v = self.upload(np.ascontiguousarray(values))
-            mask = self.upload(np.where(attended, 0.0, -np.inf).astype(np.float32)
-                               .reshape(batch, 1, 1, -1)).to(q.dtype)
+            mask = self.upload(bias[:, :, None, :]).to(q.dtype)
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
             def call() -> None:

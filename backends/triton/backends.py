@@ -16,6 +16,7 @@ E5M2_INTERPRETER = ("the Triton interpreter converts e5m2 subnormal codes to flo
                     "subnormals.md; its converter's float16 -> e5m2 direction is "
                     "triton-lang/triton#8322); the case runs on a GPU")
 FEATURES = frozenset({"lse", "merge", "sliding_window", "sinks"})
+MODIFIERS = frozenset({"soft_cap", "sink_logits", "alibi"})  # the paged kernels take them
 # what the paged kernels read: both fp8 formats in every scale layout, and an fp8 query
 FP8 = {"kv_dtypes": frozenset({"float8_e4m3fn", "float8_e5m2"}),
        "kv_scales": frozenset({"per-tensor", "per-head", "per-token"}),
@@ -71,6 +72,13 @@ class TritonBackend(Backend):
         return Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"),
                       tensors.get("q_scale"))
 
+    def modifiers(self, tensors: dict, problem):
+        """The kernels' ``ScoreModifiers``: the problem's soft-cap, sink logits and slopes."""
+        from backends.triton.validation import ScoreModifiers
+
+        return ScoreModifiers(problem.soft_cap, tensors.get("sink_logits"),
+                              tensors.get("alibi_slopes"))
+
     def splits(self, problem, num_splits: int | None, block_n: int, waves: float = 2.0,
                programs_per_split: int | None = None) -> int:
         """The split count: the caller's, or the heuristic on the host-side problem."""
@@ -99,7 +107,7 @@ class TritonSplitKV(TritonBackend):
     name = "triton-splitkv"
     description = ("paged split-KV flash decoding, GQA group packed in one tl.dot tile, "
                    "LSE combine kernel")
-    capabilities = Capabilities(features=FEATURES | {"split_k"}, max_group_size=128,
+    capabilities = Capabilities(features=FEATURES | MODIFIERS | {"split_k"}, max_group_size=128,
                                 head_dims=frozenset(range(16, 257)), split_counts=(1, 3, 8),
                                 devices=("cuda", "cpu-interpreter"), **FP8)
 
@@ -121,13 +129,15 @@ class TritonSplitKV(TritonBackend):
                        tensors["block_table"], tensors["context_lens"], out, lse,
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
                        num_splits=splits, validate=validate,
-                       scales=self.scales(tensors, problem))
+                       scales=self.scales(tensors, problem),
+                       modifiers=self.modifiers(tensors, problem))
 
 
 class TritonPaged(TritonBackend):
     name = "triton-paged"
     description = "paged decode, one program per (sequence, query head), no split"
-    capabilities = Capabilities(features=FEATURES, head_dims=frozenset(range(1, 257)),
+    capabilities = Capabilities(features=FEATURES | MODIFIERS,
+                                head_dims=frozenset(range(1, 257)),
                                 devices=("cuda", "cpu-interpreter"), **FP8)
 
     def bind(self, problem, out, lse, num_splits, validate):
@@ -137,7 +147,8 @@ class TritonPaged(TritonBackend):
         return partial(paged_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                        tensors["block_table"], tensors["context_lens"], out, lse,
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
-                       validate=validate, scales=self.scales(tensors, problem))
+                       validate=validate, scales=self.scales(tensors, problem),
+                       modifiers=self.modifiers(tensors, problem))
 
 
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+LOG2E_CONST = tl.constexpr(LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # a constexpr: kernels may read it
 
 
@@ -54,6 +55,31 @@ def load_scaled_rows(q, row, row_mask, d, d_mask, scale_log2, HEAD_DIM: tl.const
     rows = tl.load(q + row[:, None] * HEAD_DIM + d[None, :],
                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     return rows.to(tl.float32) * scale_log2
+
+
+@triton.jit
+def tanh(x):
+    """tanh in float32 for any x: its odd series below 0.25 (error under 1e-8), else
+    ``1 - 2 / (e^(2|x|) + 1)``, whose exponential overflows to inf and gives exactly +-1,
+    never inf / inf."""
+    squared = x * x
+    series = x * (1.0 + squared * (-1.0 / 3.0 + squared * (2.0 / 15.0 + squared * (
+        -17.0 / 315.0 + squared * (62.0 / 2835.0)))))
+    far = 1.0 - 2.0 / (tl.exp2(tl.abs(x) * (2.0 * LOG2E_CONST)) + 1.0)
+    return tl.where(tl.abs(x) < 0.25, series, tl.where(x < 0, -far, far))
+
+
+@triton.jit
+def modified_scores(scores, offsets, slopes, cap_log2, HAS_CAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr):
+    """Base-2 scores ``(rows, tokens)`` capped (``cap_log2 = cap * log2(e)``: the cap in
+    base-2 units) and biased by ALiBi (``slopes (rows,)`` natural, ``offsets (tokens,)`` key
+    position minus query position)."""
+    if HAS_CAP:
+        scores = cap_log2 * tanh(scores / cap_log2)
+    if HAS_ALIBI:
+        scores = scores + (slopes[:, None] * LOG2E_CONST) * offsets[None, :].to(tl.float32)
+    return scores
 
 
 @triton.jit

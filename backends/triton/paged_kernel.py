@@ -14,19 +14,28 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import LN2, LOG2E, load_scaled_rows, online_softmax_step
+from backends.triton.kernel_common import (
+    LN2,
+    LOG2E,
+    load_scaled_rows,
+    modified_scores,
+    online_softmax_step,
+)
 from backends.triton.splitkv_kernel import SCALE_PER_PROGRAM, SCALE_PER_TOKEN, scale_arguments
-from backends.triton.validation import Scales, paged_shapes
+from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
+
+LOG2E_TL = tl.constexpr(LOG2E)
 
 
 @triton.jit
 def _paged_decode_kernel(
     q, k_pages, v_pages, block_table, context_lens, out, lse, k_scale, v_scale, q_scale,
-    scale_log2, window, sinks, stride_table, scale_stride,
+    sink_logits, alibi_slopes, scale_log2, cap_log2, window, sinks, stride_table, scale_stride,
     NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr,
+    KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, HAS_CAP: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -42,6 +51,9 @@ def _paged_decode_kernel(
     if KV_SCALE == SCALE_PER_PROGRAM:  # one scale per KV head (stride 0: per tensor)
         k_head_scale = tl.load(k_scale + kv_heads * scale_stride, mask=h_mask, other=0.0)
         v_head_scale = tl.load(v_scale + kv_heads * scale_stride, mask=h_mask, other=0.0)
+    slopes = tl.zeros([BLOCK_H], tl.float32)
+    if HAS_ALIBI:
+        slopes = tl.load(alibi_slopes + heads, mask=h_mask, other=0.0)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -69,9 +81,19 @@ def _paged_decode_kernel(
             keys = keys * k_head_scale[:, None, None]
             values = values * v_head_scale[:, None, None]
         scores = tl.sum(keys * q_rows[:, None, :], axis=2)  # (H, P)
+        scores = modified_scores(scores, position - (n - 1), slopes, cap_log2, HAS_CAP,
+                                 HAS_ALIBI)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * values, axis=1)
+    if HAS_SINK:  # exp(z_h) joins the denominator once, as a state of its own
+        sink = tl.load(sink_logits + heads, mask=h_mask, other=float("-inf")) * LOG2E_TL
+        top = tl.maximum(m, sink)
+        top_safe = tl.where(top == float("-inf"), 0.0, top)
+        alpha = tl.exp2(m - top_safe)
+        total = total * alpha + tl.exp2(sink - top_safe)
+        acc = acc * alpha[:, None]
+        m = top
     empty = m == float("-inf")
     result = acc / tl.where(empty, 1.0, total)[:, None]
     tl.store(out + row[:, None] * HEAD_DIM + d[None, :], result.to(out.dtype.element_ty),
@@ -82,8 +104,10 @@ def _paged_decode_kernel(
 
 def paged_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                  sm_scale: float, window: int | None = None, sinks: int = 0,
-                 validate: bool = True, scales: Scales | None = None) -> None:
+                 validate: bool = True, scales: Scales | None = None,
+                 modifiers: ScoreModifiers | None = None) -> None:
     """Same contract as ``splitkv_decode``, without splits."""
+    modifiers = modifiers or ScoreModifiers()
     scales = scales or Scales()
     batch, hq, hkv, head_dim, page_size = paged_shapes(
         q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
@@ -92,11 +116,18 @@ def paged_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
         return
     block_h = hq if q.device.type == "cpu" else 1
     kv_mode, stride, k_scale, v_scale = scale_arguments(scales, lse)
+    if validate:
+        modifiers.check(hq, q.device)
     _paged_decode_kernel[(batch, triton.cdiv(hq, block_h))](
         q, k_pages, v_pages, block_table, context_lens, out, lse, k_scale, v_scale,
-        scales.q_scale if scales.q_scale is not None else lse, sm_scale * LOG2E,
+        scales.q_scale if scales.q_scale is not None else lse,
+        modifiers.sink_logits if modifiers.sink_logits is not None else lse,
+        modifiers.alibi_slopes if modifiers.alibi_slopes is not None else lse,
+        sm_scale * LOG2E, (modifiers.soft_cap or 1.0) * LOG2E,
         window or 0, sinks, block_table.stride(0), stride, NUM_QO_HEADS=hq, NUM_KV_HEADS=hkv,
         GROUP=hq // hkv, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=page_size, BLOCK_P=triton.next_power_of_2(page_size),
         BLOCK_H=triton.next_power_of_2(block_h), HAS_WINDOW=window is not None,
-        KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None)
+        KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None,
+        HAS_CAP=modifiers.soft_cap is not None, HAS_SINK=modifiers.sink_logits is not None,
+        HAS_ALIBI=modifiers.alibi_slopes is not None)

@@ -24,11 +24,14 @@ from backends.triton.kernel_common import (
     choose_splits,
     kept_position,
     kept_span,
+    modified_scores,
     online_softmax_step,
     rows_per_program,
     split_bounds,
 )
-from backends.triton.validation import Scales, paged_shapes
+from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
+
+LOG2E_TL = tl.constexpr(LOG2E)
 
 # KV_SCALE: how the pages are read
 UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
@@ -37,12 +40,13 @@ UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
 @triton.jit
 def _splitkv_partial_kernel(
     q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
-    k_scale, v_scale, q_scale,
-    scale_log2, window, sinks, stride_table, num_splits, scale_stride,
+    k_scale, v_scale, q_scale, alibi_slopes,
+    scale_log2, cap_log2, window, sinks, stride_table, num_splits, scale_stride,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,6 +69,9 @@ def _splitkv_partial_kernel(
     if KV_SCALE == SCALE_PER_PROGRAM:
         score_scale = score_scale * tl.load(k_scale + kv_head * scale_stride)
 
+    slopes = tl.zeros([PADDED_GROUP], tl.float32)
+    if HAS_ALIBI:
+        slopes = tl.load(alibi_slopes + heads, mask=row_mask, other=0.0)
     m = tl.full([PADDED_GROUP], float("-inf"), tl.float32)
     total = tl.zeros([PADDED_GROUP], tl.float32)
     acc = tl.zeros([PADDED_GROUP, BLOCK_D], tl.float32)
@@ -81,6 +88,8 @@ def _splitkv_partial_kernel(
         keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
                        DOT_DTYPE)
         scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * score_scale
+        scores = modified_scores(scores, position - (n - 1), slopes, cap_log2, HAS_CAP,
+                                 HAS_ALIBI)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
         values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
@@ -112,10 +121,11 @@ def read_kv(pointers, mask, scale_pointers, valid, KV_SCALE: tl.constexpr,
 
 
 @triton.jit
-def _combine_kernel(part_m, part_l, part_acc, out, lse, rows, num_splits,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                    BLOCK_R: tl.constexpr):
-    """``BLOCK_R`` (sequence, query head) rows: LSE-merge their splits (base-2 maxima)."""
+def _combine_kernel(part_m, part_l, part_acc, out, lse, sink_logits, rows, num_splits,
+                    num_heads, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, HAS_SINK: tl.constexpr):
+    """``BLOCK_R`` (sequence, query head) rows: LSE-merge their splits (base-2 maxima), and
+    a row's sink logit once, as one more state (m = z log2(e), l = 1, acc = 0)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_mask = r < rows
     s = tl.arange(0, BLOCK_S)
@@ -125,10 +135,15 @@ def _combine_kernel(part_m, part_l, part_acc, out, lse, rows, num_splits,
     m = tl.load(part_m + state, mask=s_mask, other=float("-inf"))
     partial_total = tl.load(part_l + state, mask=s_mask, other=0.0)
     top = tl.max(m, axis=1)
+    if HAS_SINK:
+        sink = tl.load(sink_logits + r % num_heads, mask=r_mask, other=float("-inf")) * LOG2E_TL
+        top = tl.maximum(top, sink)
     empty = top == float("-inf")
     base = tl.where(empty, 0.0, top)
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - base[:, None]))
     total = tl.sum(partial_total * weight, axis=1)
+    if HAS_SINK:
+        total = total + tl.where(sink == float("-inf"), 0.0, tl.exp2(sink - base))
     acc_mask = s_mask[:, :, None] & (d[None, None, :] < HEAD_DIM)
     acc = tl.load(part_acc + state[:, :, None] * HEAD_DIM + d[None, None, :], mask=acc_mask,
                   other=0.0)
@@ -140,8 +155,9 @@ def _combine_kernel(part_m, part_l, part_acc, out, lse, rows, num_splits,
     tl.store(lse + r, row_lse, mask=r_mask)
 
 
-def combine_splits(part_m, part_l, part_acc, out, lse) -> None:
-    """Merge ``(batch, heads, splits[, dim])`` partial states into ``out`` and ``lse``."""
+def combine_splits(part_m, part_l, part_acc, out, lse, sink_logits=None) -> None:
+    """Merge ``(batch, heads, splits[, dim])`` partial states into ``out`` and ``lse``, with
+    a sink logit per head (``(heads,)`` float32) joined once."""
     batch, heads, splits = part_m.shape
     head_dim = out.shape[-1]
     rows = batch * heads
@@ -150,8 +166,9 @@ def combine_splits(part_m, part_l, part_acc, out, lse) -> None:
     block_s, block_d = triton.next_power_of_2(splits), triton.next_power_of_2(head_dim)
     block_r = triton.next_power_of_2(rows_per_program(out, block_s * block_d))
     _combine_kernel[(triton.cdiv(rows, block_r),)](
-        part_m, part_l, part_acc, out, lse, rows, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_S=block_s, BLOCK_R=block_r)
+        part_m, part_l, part_acc, out, lse, sink_logits if sink_logits is not None else lse,
+        rows, splits, heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s,
+        BLOCK_R=block_r, HAS_SINK=sink_logits is not None)
 
 
 DOT_DTYPES = {"torch.float32": tl.float32, "torch.float16": tl.float16,
@@ -180,24 +197,28 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                    sm_scale: float, window: int | None = None, sinks: int = 0,
                    num_splits: int | None = None, sm_count: int = 132,
                    validate: bool = True, config: dict | None = None,
-                   scales: Scales | None = None) -> None:
+                   scales: Scales | None = None,
+                   modifiers: ScoreModifiers | None = None) -> None:
     """Write attention output and natural-log LSE for every row of a paged decode batch.
 
     ``q (batch, qo_heads, dim)``, ``k_pages``/``v_pages (pages, page_size, kv_heads, dim)``,
     ``block_table (batch, max_blocks)`` int32 (-1 unallocated), ``context_lens (batch,)``
     int32, ``out`` like ``q``, ``lse (batch, qo_heads)`` float32; all on one device. An fp8
     cache or query comes with its ``scales`` (``validation.Scales``); ``out`` is then the
-    dtype the kernel computes in.
+    dtype the kernel computes in. ``modifiers`` (``validation.ScoreModifiers``): soft-cap
+    and ALiBi per score, sink logits in the combine.
     """
     import torch
 
     scales = scales or Scales()
+    modifiers = modifiers or ScoreModifiers()
     batch, hq, hkv, head_dim, page_size = paged_shapes(
         q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
         validate=validate, scales=scales)
     if validate:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be at least 1")
+        modifiers.check(hq, q.device)
     group = hq // hkv
     if batch == 0:
         return
@@ -217,11 +238,14 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     _splitkv_partial_kernel[(batch, hkv, num_splits)](
         q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
         k_scale, v_scale, scales.q_scale if scales.q_scale is not None else part_m,
-        sm_scale * LOG2E, window or 0, sinks, block_table.stride(0), num_splits, stride,
+        modifiers.alibi_slopes if modifiers.alibi_slopes is not None else part_m,
+        sm_scale * LOG2E, (modifiers.soft_cap or 1.0) * LOG2E, window or 0, sinks,
+        block_table.stride(0), num_splits, stride,
         NUM_KV_HEADS=hkv, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         PAGE_SIZE=page_size, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=window is not None,
         DOT_PRECISION=precision, KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None,
-        DOT_DTYPE=DOT_DTYPES[str(out.dtype)], num_warps=config["num_warps"],
+        DOT_DTYPE=DOT_DTYPES[str(out.dtype)], HAS_CAP=modifiers.soft_cap is not None,
+        HAS_ALIBI=modifiers.alibi_slopes is not None, num_warps=config["num_warps"],
         num_stages=config["num_stages"])
-    combine_splits(part_m, part_l, part_acc, out, lse)
+    combine_splits(part_m, part_l, part_acc, out, lse, modifiers.sink_logits)

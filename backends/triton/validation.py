@@ -136,6 +136,25 @@ class Scales:
             check_tensor("q_scale", self.q_scale, shape=(1,), float32=True, device=q.device)
 
 
+@dataclass(frozen=True)
+class ScoreModifiers:
+    """What a model does to the scores: ``soft_cap`` (a float: cap * tanh(s / cap)),
+    ``sink_logits`` and ``alibi_slopes`` (float32 tensors, one per query head); None where
+    absent."""
+
+    soft_cap: float | None = None
+    sink_logits: object = None
+    alibi_slopes: object = None
+
+    def check(self, num_qo_heads: int, device) -> None:
+        if self.soft_cap is not None and not self.soft_cap > 0:
+            raise ValueError(f"soft_cap: {self.soft_cap} must be positive")
+        for name in ("sink_logits", "alibi_slopes"):
+            if getattr(self, name) is not None:
+                check_tensor(name, getattr(self, name), shape=(num_qo_heads,), float32=True,
+                             device=device)
+
+
 def paged_shapes(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                  window: int | None, sinks: int, validate: bool,
                  scales: Scales | None = None) -> tuple[int, ...]:
