@@ -102,3 +102,17 @@ def test_bad_fp8_scales_are_named(kernel, scales, fragment):
     kwargs = {"scales": Scales(**given)} if scales else {}
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         call(kernel, tensors, **kwargs)
+
+
+@pytest.mark.parametrize("kernel", [splitkv_decode, paged_decode])
+@pytest.mark.parametrize("modifiers,fragment", [
+    ({"sink_logits": torch.zeros(3)}, "sink_logits: expected shape (4,)"),
+    ({"alibi_slopes": torch.zeros(4, dtype=torch.float16)}, "alibi_slopes: expected dtype float32"),
+    ({"soft_cap": -1.0}, "soft_cap: -1.0 must be positive"),
+])
+def test_bad_score_modifiers_are_named(kernel, modifiers, fragment):
+    from backends.triton.validation import ScoreModifiers
+
+    _, tensors = inputs()
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        call(kernel, tensors, modifiers=ScoreModifiers(**modifiers))

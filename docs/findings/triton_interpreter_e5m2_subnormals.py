@@ -16,8 +16,8 @@ import triton.language as tl
 
 
 @triton.jit
-def upcast(codes, as_half, as_float, SIZE: tl.constexpr):
-    i = tl.arange(0, SIZE)
+def upcast(codes, as_half, as_float, size: tl.constexpr):
+    i = tl.arange(0, size)
     x = tl.load(codes + i)
     tl.store(as_half + i, x.to(tl.float16))
     tl.store(as_float + i, x.to(tl.float32))
@@ -29,7 +29,7 @@ def main() -> int:
     codes = want.to(torch.float8_e5m2)
     assert torch.equal(codes.float(), want), "every value above is an e5m2 value"
     half, single = torch.empty(len(want), dtype=torch.float16), torch.empty(len(want))
-    upcast[(1,)](codes, half, single, SIZE=len(want))
+    upcast[(1,)](codes, half, single, size=len(want))
     print("e5m2 codes   ", want.tolist())
     print("to(float16)  ", half.float().tolist())
     print("to(float32)  ", single.tolist())
