@@ -108,12 +108,21 @@ def spec_entry(name: str, case: Case, doc: str) -> str:
                       kv_scaling=case.kv_scaling)
     if case.q_dtype is not None:
         fields["q_dtypes"] = [case.q_dtype]
+    if case.soft_cap is not None:
+        fields["soft_cap"] = case.soft_cap
+    if case.sink_logits is not None:
+        fields["sink_logits"] = case.sink_logits if isinstance(case.sink_logits, str) else \
+            list(case.sink_logits)
+    if case.alibi:
+        fields["alibi"] = True if case.alibi is True else list(case.alibi)
     if case.table_padding != Case.table_padding:
         fields["table_padding"] = case.table_padding
     fields["seed"] = case.seed  # the values drawn, whatever the entry is named
     fields["dtypes"] = [case.dtype]
 
     def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
         if isinstance(value, str):
             return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
         if isinstance(value, list):

@@ -92,6 +92,24 @@ def _quantization(draw: st.DrawFn, capabilities: Capabilities, num_kv_heads: int
     return fields
 
 
+def _modifiers(draw: st.DrawFn, features: frozenset[str], num_qo_heads: int) -> dict:
+    """Soft-cap, sink logits and ALiBi where claimed, each on one example of three; caps
+    from 1 (every score bent) to 50, sink logits drawn or all -inf, standard or drawn slopes.
+    Each shrinks to absent."""
+    fields: dict = {}
+    if "soft_cap" in features and draw(st.integers(0, 2)) == 2:
+        fields["soft_cap"] = draw(st.sampled_from((30.0, 50.0, 1.0, 5.0)))
+    if "sink_logits" in features and draw(st.integers(0, 2)) == 2:
+        fields["sink_logits"] = draw(st.one_of(
+            st.sampled_from(("normal", "large", "minus-inf")),
+            st.lists(st.floats(-20.0, 20.0), min_size=num_qo_heads, max_size=num_qo_heads)
+            .map(tuple)))
+    if "alibi" in features and draw(st.integers(0, 2)) == 2:
+        fields["alibi"] = draw(st.one_of(st.just(True), st.lists(
+            st.floats(0.0, 1.0), min_size=num_qo_heads, max_size=num_qo_heads).map(tuple)))
+    return fields
+
+
 @st.composite
 def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_CAP,
           features: frozenset[str] | None = None, fp8: bool = False) -> Case:
@@ -155,7 +173,8 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
                 context_lens=tuple(context_lens), distribution=distribution, window=window,
                 sinks=sinks or 0, sm_scale=sm_scale, num_splits=num_splits,
                 pool_pages=pool_pages,
-                **_quantization(draw, capabilities, num_kv_heads, fp8))
+                **_quantization(draw, capabilities, num_kv_heads, fp8),
+                **_modifiers(draw, features, num_qo_heads))
     assume(capabilities.unsupported_reason(case) is None)
     return case
 
