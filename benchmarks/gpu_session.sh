@@ -20,6 +20,9 @@
 #   bash benchmarks/gpu_session.sh fp8                 # issue 18: the ci and full fp8 families
 #        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run, and
 #        explore --fp8 on each fp8 backend (EXPLORE_SECONDS, default 120); carry .flashinfer/
+#   bash benchmarks/gpu_session.sh modifiers           # issue 19: the soft-cap, sink-logit,
+#        ALiBi and served-model families (ci and full) on the GPU backends, and explore
+#        (which draws the modifiers where claimed) on those that claim them
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -115,6 +118,15 @@ case "${1:-conformance}" in
     ( OUT=$OUT/bench BENCH_BACKENDS="triton-splitkv flashinfer flashinfer-tc" ROUNDS=3 \
       bash "$0" bench )
     ( OUT=$OUT/explore EXPLORE_BACKENDS="$fp8_backends" EXPLORE_ARGS=--fp8 \
+      EXPLORE_SECONDS=${EXPLORE_SECONDS:-120} bash "$0" explore )
+    ;;
+  modifiers)
+    gpu_backends="triton-splitkv triton-paged torch-flex torch-sdpa flashinfer flashinfer-tc"
+    for family in soft-cap sink-logits alibi modifiers-combined served-models; do
+      ( OUT=$OUT/$family PROFILE=full FILTER="$family" BACKENDS="$gpu_backends" JOBS=14 \
+        RUN_TIMEOUT=${RUN_TIMEOUT:-150} bash "$0" conformance )
+    done
+    ( OUT=$OUT/explore EXPLORE_BACKENDS="triton-splitkv triton-paged torch-flex" \
       EXPLORE_SECONDS=${EXPLORE_SECONDS:-120} bash "$0" explore )
     ;;
   explore)
