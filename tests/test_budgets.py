@@ -7,6 +7,7 @@ from functools import cached_property
 import numpy as np
 import pytest
 
+from backends.base import Conventions
 from conformance.checks.trial import Trial
 from conformance.runner import RunSettings, evaluate, open_backend, select_cases
 from conformance.spec import default_spec
@@ -25,6 +26,7 @@ class _NoBackend:
     """Enough of a handle for the budget, which never calls the backend."""
 
     capabilities = _Ieee()
+    conventions = Conventions()
 
 
 def test_no_ci_budget_admits_a_trivially_wrong_answer():
