@@ -18,19 +18,16 @@ from conformance.runner import RunSettings, open_backend, run, select_cases
 from conformance.spec import Case, SpecError, default_spec, parse_spec
 from references import decode_reference, kept_tokens
 from references.decode import token_scales
+from tests.small_specs import one_family_spec, small_case
 
 
 def fp8_case(**fields) -> Case:
-    base = dict(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
-                dtype="float16", context_lens=(10, 0, 7), kv_dtype="float8_e4m3fn")
-    return Case(**{**base, **fields})
+    return small_case(**{"dtype": "float16", "context_lens": (10, 0, 7),
+                         "kv_dtype": "float8_e4m3fn", **fields})
 
 
 def spec_with(**fields) -> dict:
-    family = {"name": "f", "profiles": ["p"], "set": {
-        "num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 4,
-        "context_lens": [5], "dtypes": ["float16"], **fields}}
-    return {"profiles": {"p": {}}, "family": [family]}
+    return one_family_spec(**{"dtypes": ["float16"], **fields})
 
 
 def test_kv_dtypes_cross_like_dtypes_and_the_id_names_format_and_layout():

@@ -11,22 +11,13 @@ import pytest
 from backends.base import Capabilities, Conventions
 from conformance.problem import logical_kv, materialise
 from conformance.runner import RunSettings, open_backend, run, select_cases
-from conformance.spec import Case, SpecError, default_spec, parse_spec
+from conformance.spec import SpecError, default_spec, parse_spec
 from references import alibi_slopes, apply_sink, decode_reference, merge_reference
 from references.decode import gather_sequence
+from tests.small_specs import one_family_spec, small_case
 
-
-def case(**fields) -> Case:
-    base = dict(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
-                dtype="float32", context_lens=(30, 0, 7))
-    return Case(**{**base, **fields})
-
-
-def spec_with(**fields) -> dict:
-    family = {"name": "f", "profiles": ["p"], "set": {
-        "num_qo_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 4,
-        "context_lens": [5], "dtypes": ["float32"], **fields}}
-    return {"profiles": {"p": {}}, "family": [family]}
+case = small_case
+spec_with = one_family_spec
 
 
 def test_the_id_names_each_modifier():
