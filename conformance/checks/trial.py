@@ -9,9 +9,11 @@ returns ``Outcome`` records named ``family/sub-check``.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +28,7 @@ from conformance.problem import (
     poisoned_outputs,
 )
 from conformance.sandbox import BackendHandle, ContractError, describe_exception
-from conformance.spec import Case
+from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
 from conformance.status import Status
 from conformance.tolerances import (
     RATIO,
@@ -73,6 +75,41 @@ class Run:
         return AttentionState(out=self.out, lse=self.lse)
 
 
+class SharedWork:
+    """What a case's trials compute that depends on the case alone (its problem, its values,
+    the values its codes denote) or on the case and a backend's declared precision and LSE
+    convention (its oracle, budget, trivial answers), kept for the next trial of the case in
+    this process: every backend of a run, and every run of a process (the planted-bug tests
+    judge 40-odd backends on one profile), computes them once (docs/design.md principle 5).
+
+    Least recently used cases go first past ``max_bytes`` of ``Case.problem_bytes``; a case
+    larger than an eighth of it is never kept."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[Case, dict] = OrderedDict()
+        self.held = 0
+
+    def get(self, case: Case, key: tuple, compute: Callable[[], Any]) -> Any:
+        size = case.problem_bytes
+        if size > self.max_bytes // 8:
+            return compute()
+        entry = self.entries.get(case)
+        if entry is None:
+            entry = self.entries[case] = {}
+            self.held += size
+            while self.held > self.max_bytes and len(self.entries) > 1:
+                old, _ = self.entries.popitem(last=False)
+                self.held -= old.problem_bytes
+        self.entries.move_to_end(case)
+        if key not in entry:
+            entry[key] = compute()
+        return entry[key]
+
+
+SHARED = SharedWork(max_bytes=DEFAULT_MAX_CASE_MIB * 2**20 // 6)
+
+
 class Trial:
     """Everything the checks of one backend on one case share, computed at most once.
 
@@ -83,17 +120,27 @@ class Trial:
         self.backend = backend
         self.case = case
 
+    def shared(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        return SHARED.get(self.case, key, compute)
+
+    @property
+    def declared(self) -> tuple[str, bool]:
+        """What a budget depends on beyond the case: the backend's float32 matmul precision
+        and whether its LSE counts sink logits."""
+        return self.backend.capabilities.float32_matmul, self.lse_includes_sink
+
     @cached_property
     def logical(self) -> LogicalKV:
-        return logical_kv(self.case)
+        return self.shared(("logical",), lambda: logical_kv(self.case))
 
     @cached_property
     def problem(self) -> Problem:
-        return materialise(self.case)
+        return self.shared(("problem",), lambda: materialise(self.case))
 
     @cached_property
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
-        return reference_of(self.problem, lse_includes_sink=self.lse_includes_sink)
+        return self.shared(("reference", self.lse_includes_sink), lambda: reference_of(
+            self.problem, lse_includes_sink=self.lse_includes_sink))
 
     @property
     def lse_includes_sink(self) -> bool:
@@ -102,6 +149,9 @@ class Trial:
     @cached_property
     def budget(self) -> tuple[Budget, Budget]:
         """(output budget, LSE budget) for this case on this backend."""
+        return self.shared(("budget", *self.declared), self._budget)
+
+    def _budget(self) -> tuple[Budget, Budget]:
         table = table_budget(self.case.dtype, self.backend.capabilities.float32_matmul)
         low_out, low_lse = reference_of(self.problem, numpy_dtype(self.case.dtype),
                                         self.lse_includes_sink)
@@ -121,6 +171,9 @@ class Trial:
 
     @cached_property
     def kept_scores(self) -> list[np.ndarray]:
+        return self.shared(("kept_scores",), self._kept_scores)
+
+    def _kept_scores(self) -> list[np.ndarray]:
         """Per row, ``(num_qo_heads, n)`` float64: the scores the softmax sees (scaled,
         capped, biased), of the kept tokens."""
         keys, _ = self.kept_kv()
@@ -138,6 +191,9 @@ class Trial:
     @cached_property
     def score_errors(self) -> list[np.ndarray]:
         """Per row, how far float32 arithmetic alone may move each score."""
+        return self.shared(("score_errors",), self._score_errors)
+
+    def _score_errors(self) -> list[np.ndarray]:
         keys, _ = self.kept_kv()
         return score_errors(self.query64, keys, self.problem.sm_scale, self.kept_scores,
                             self.problem.soft_cap)
@@ -145,6 +201,9 @@ class Trial:
     @cached_property
     def score_bound(self) -> np.ndarray:
         """``(batch, heads)``: how far those score errors alone may move each row's output."""
+        return self.shared(("score_bound", self.lse_includes_sink), self._score_bound)
+
+    def _score_bound(self) -> np.ndarray:
         _, values = self.kept_kv()
         return score_error_bound(self.score_errors, self.kept_scores, values,
                                  self.reference[0], self.problem.sink_logits)
@@ -158,6 +217,9 @@ class Trial:
     @cached_property
     def trivial(self) -> dict[str, np.ndarray]:
         """Trivially wrong answers to this case (``trivial_answers``)."""
+        return self.shared(("trivial", self.lse_includes_sink), self._trivial)
+
+    def _trivial(self) -> dict[str, np.ndarray]:
         _, values = self.kept_kv()
         return trivial_answers(self.kept_scores, values, self.reference[0],
                                self.problem.sink_logits)
@@ -165,6 +227,9 @@ class Trial:
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each (the
         values a quantized cache's codes denote)."""
+        return self.shared(("kept_kv",), self._kept_kv)
+
+    def _kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         problem = self.problem
         heads = np.arange(problem.num_qo_heads) // problem.group_size
         keys, values = [], []
@@ -177,6 +242,9 @@ class Trial:
 
     @cached_property
     def quantization_error(self) -> float | None:
+        return self.shared(("quantization",), self._quantization_error)
+
+    def _quantization_error(self) -> float | None:
         """How far storing this case in fp8 moves the float64 answer (output error of the
         oracle on the codes against the oracle on the values before quantizing): what the
         format costs, reported beside the verdict and never part of it."""
