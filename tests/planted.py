@@ -772,7 +772,9 @@ class Float64Reference(NumpySplitK):
         got_out, got_lse = decode_reference(
             problem.q, problem.k_pages, problem.v_pages, problem.block_table,
             problem.context_lens, sm_scale=problem.sm_scale, window=problem.window,
-            sinks=problem.sinks)
+            sinks=problem.sinks, k_scale=problem.k_scale, v_scale=problem.v_scale,
+            q_scale=problem.q_scale, soft_cap=problem.soft_cap,
+            sink_logits=problem.sink_logits, alibi_slopes=problem.alibi_slopes)
         out[...] = got_out.astype(out.dtype)
         lse[...] = got_lse.astype(np.float32)
 

@@ -22,11 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPILE = r'''
 import sys
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from backends.triton import contiguous_kernel, merge_kernel, paged_kernel, splitkv_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
-PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
+PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float8_e4m3fn": "*fp8e4nv",
+       "float8_e5m2": "*fp8e5"}
+DOT = {"float16": tl.float16, "bfloat16": tl.bfloat16, "float32": tl.float32}
 
 
 def build(fn, pointers, scalars, consts, **options):
@@ -38,54 +41,70 @@ def build(fn, pointers, scalars, consts, **options):
 
 
 dtype, head_dim, group, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+kv, kv_scale, q8, mods = sys.argv[5], int(sys.argv[6]), sys.argv[7], sys.argv[8] == "1"
 t = PTR[dtype]
+k, q = PTR[kv if kv != "same" else dtype], PTR[q8 if q8 != "none" else dtype]
 block_d = max(16, triton.next_power_of_2(head_dim))
 config = splitkv_kernel.tile_config(head_dim)
+flags = dict(KV_SCALE=kv_scale, Q_SCALED=q8 != "none")
+modifiers = dict(HAS_CAP=mods, HAS_ALIBI=mods)
 build(splitkv_kernel._splitkv_partial_kernel,
-      {"q": t, "k_pages": t, "v_pages": t, "block_table": "*i32", "context_lens": "*i32",
-       "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32"},
-      {"scale_log2": "fp32", "window": "i32", "sinks": "i32", "stride_table": "i32",
-       "num_splits": "i32"},
+      {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
+       "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "k_scale": "*fp32",
+       "v_scale": "*fp32", "q_scale": "*fp32", "alibi_slopes": "*fp32"},
+      {"scale_log2": "fp32", "cap_log2": "fp32", "window": "i32", "sinks": "i32",
+       "stride_table": "i32", "num_splits": "i32", "scale_stride": "i32"},
       dict(NUM_KV_HEADS=2, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
            HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_SIZE=16, BLOCK_N=config["BLOCK_N"],
-           HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32"),
+           HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
+           DOT_DTYPE=DOT[dtype], **flags, **modifiers),
       num_stages=config["num_stages"])
 build(splitkv_kernel._combine_kernel,
-      {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "out": t, "lse": "*fp32"},
-      {"rows": "i32", "num_splits": "i32"},
-      dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=64, BLOCK_R=1))
+      {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "out": t, "lse": "*fp32",
+       "sink_logits": "*fp32"},
+      {"rows": "i32", "num_splits": "i32", "num_heads": "i32"},
+      dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=64, BLOCK_R=1,
+           HAS_SINK=mods))
 build(paged_kernel._paged_decode_kernel,
-      {"q": t, "k_pages": t, "v_pages": t, "block_table": "*i32", "context_lens": "*i32",
-       "out": t, "lse": "*fp32"},
-      {"scale_log2": "fp32", "window": "i32", "sinks": "i32", "stride_table": "i32"},
+      {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
+       "out": t, "lse": "*fp32", "k_scale": "*fp32", "v_scale": "*fp32", "q_scale": "*fp32",
+       "sink_logits": "*fp32", "alibi_slopes": "*fp32"},
+      {"scale_log2": "fp32", "cap_log2": "fp32", "window": "i32", "sinks": "i32",
+       "stride_table": "i32", "scale_stride": "i32"},
       dict(NUM_QO_HEADS=2 * group, NUM_KV_HEADS=2, GROUP=group, HEAD_DIM=head_dim,
            BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=16, BLOCK_P=16, BLOCK_H=1,
-           HAS_WINDOW=window))
-build(contiguous_kernel._contiguous_partial_kernel,
-      {"q": t, "k_cache": t, "v_cache": t, "context_lens": "*i32", "part_m": "*fp32",
-       "part_l": "*fp32", "part_acc": "*fp32"},
-      {"scale_log2": "fp32", "window": "i32", "sinks": "i32", "max_len": "i32",
-       "num_splits": "i32"},
-      dict(NUM_QO_HEADS=2 * group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-           BLOCK_N=contiguous_kernel.BLOCK_N, BLOCK_H=1, HAS_WINDOW=window))
-build(merge_kernel._merge_states_kernel,
-      {"out_a": t, "lse_a": "*fp32", "out_b": t, "lse_b": "*fp32", "out": t, "lse": "*fp32"},
-      {"rows": "i32"},
-      dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_R=16))
+           HAS_WINDOW=window, HAS_SINK=mods, **flags, **modifiers))
+if kv == "same" and q8 == "none":
+    build(contiguous_kernel._contiguous_partial_kernel,
+          {"q": t, "k_cache": t, "v_cache": t, "context_lens": "*i32", "part_m": "*fp32",
+           "part_l": "*fp32", "part_acc": "*fp32"},
+          {"scale_log2": "fp32", "window": "i32", "sinks": "i32", "max_len": "i32",
+           "num_splits": "i32"},
+          dict(NUM_QO_HEADS=2 * group, HEAD_DIM=head_dim,
+               BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=contiguous_kernel.BLOCK_N,
+               BLOCK_H=1, HAS_WINDOW=window))
+    build(merge_kernel._merge_states_kernel,
+          {"out_a": t, "lse_a": "*fp32", "out_b": t, "lse_b": "*fp32", "out": t, "lse": "*fp32"},
+          {"rows": "i32"},
+          dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_R=16))
 print("compiled")
 '''
 
 
-@pytest.mark.parametrize("dtype,head_dim,group,window", [
-    ("float16", 128, 4, "0"),
-    ("bfloat16", 96, 71, "1"),
-    ("float32", 256, 1, "1"),
-    ("float16", 64, 8, "1"),
+# (dtype, head_dim, group, window, fp8 pages, KV_SCALE (1 per program, 2 per token),
+#  fp8 query, soft-cap + ALiBi + sink logits)
+@pytest.mark.parametrize("dtype,head_dim,group,window,kv,kv_scale,q8,mods", [
+    ("float16", 128, 4, "0", "same", 0, "none", "0"),
+    ("bfloat16", 96, 71, "1", "same", 0, "none", "0"),
+    ("float32", 256, 1, "1", "same", 0, "none", "0"),
+    ("float16", 64, 8, "1", "same", 0, "none", "1"),
+    ("float16", 128, 4, "0", "float8_e4m3fn", 1, "none", "0"),
+    ("bfloat16", 128, 8, "1", "float8_e5m2", 2, "float8_e4m3fn", "1"),
 ])
-def test_kernels_compile_for_sm90(dtype, head_dim, group, window):
+def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     result = subprocess.run([sys.executable, "-c", COMPILE, dtype, str(head_dim), str(group),
-                             window], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)
+                             window, kv, str(kv_scale), q8, mods], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]

@@ -21,7 +21,7 @@ from backends.triton.kernel_common import (
     modified_scores,
     online_softmax_step,
 )
-from backends.triton.splitkv_kernel import SCALE_PER_PROGRAM, SCALE_PER_TOKEN, scale_arguments
+from backends.triton.splitkv_kernel import PER_PROGRAM, PER_TOKEN, scale_arguments
 from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
 
 LOG2E_TL = tl.constexpr(LOG2E)
@@ -48,7 +48,7 @@ def _paged_decode_kernel(
     q_rows = load_scaled_rows(q, row, h_mask, d, d_mask, scale_log2, HEAD_DIM)
     if Q_SCALED:
         q_rows = q_rows * tl.load(q_scale)
-    if KV_SCALE == SCALE_PER_PROGRAM:  # one scale per KV head (stride 0: per tensor)
+    if KV_SCALE == PER_PROGRAM:  # one scale per KV head (stride 0: per tensor)
         k_head_scale = tl.load(k_scale + kv_heads * scale_stride, mask=h_mask, other=0.0)
         v_head_scale = tl.load(v_scale + kv_heads * scale_stride, mask=h_mask, other=0.0)
     slopes = tl.zeros([BLOCK_H], tl.float32)
@@ -72,12 +72,12 @@ def _paged_decode_kernel(
         mask = h_mask[:, None, None] & valid[None, :, None] & d_mask[None, None, :]
         keys = tl.load(k_pages + offsets, mask=mask, other=0.0).to(tl.float32)
         values = tl.load(v_pages + offsets, mask=mask, other=0.0).to(tl.float32)
-        if KV_SCALE == SCALE_PER_TOKEN:
+        if KV_SCALE == PER_TOKEN:
             slots = token[None, :] + kv_heads[:, None]  # (H, P): per-token scales, paged
             slot_mask = h_mask[:, None] & valid[None, :]
             keys = keys * tl.load(k_scale + slots, mask=slot_mask, other=0.0)[:, :, None]
             values = values * tl.load(v_scale + slots, mask=slot_mask, other=0.0)[:, :, None]
-        elif KV_SCALE == SCALE_PER_PROGRAM:
+        elif KV_SCALE == PER_PROGRAM:
             keys = keys * k_head_scale[:, None, None]
             values = values * v_head_scale[:, None, None]
         scores = tl.sum(keys * q_rows[:, None, :], axis=2)  # (H, P)

@@ -33,8 +33,9 @@ from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
 
 LOG2E_TL = tl.constexpr(LOG2E)
 
-# KV_SCALE: how the pages are read
+# KV_SCALE: how the pages are read (host values; the kernels compare with the constexprs)
 UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
+PER_PROGRAM, PER_TOKEN = tl.constexpr(SCALE_PER_PROGRAM), tl.constexpr(SCALE_PER_TOKEN)
 
 
 @triton.jit
@@ -66,7 +67,7 @@ def _splitkv_partial_kernel(
     if Q_SCALED:
         q_tile = q_tile.to(DOT_DTYPE)
         score_scale = score_scale * tl.load(q_scale)
-    if KV_SCALE == SCALE_PER_PROGRAM:
+    if KV_SCALE == PER_PROGRAM:
         score_scale = score_scale * tl.load(k_scale + kv_head * scale_stride)
 
     slopes = tl.zeros([PADDED_GROUP], tl.float32)
@@ -96,7 +97,7 @@ def _splitkv_partial_kernel(
                          DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values,
                                             input_precision=DOT_PRECISION)
-    if KV_SCALE == SCALE_PER_PROGRAM:
+    if KV_SCALE == PER_PROGRAM:
         acc = acc * tl.load(v_scale + kv_head * scale_stride)
 
     state = (b * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
@@ -112,10 +113,10 @@ def read_kv(pointers, mask, scale_pointers, valid, KV_SCALE: tl.constexpr,
     """A ``(tokens, BLOCK_D)`` tile of K or V in the dot dtype: fp8 codes converted exactly
     (their scale applied by the caller), or dequantized by per-token scales."""
     tile = tl.load(pointers, mask=mask, other=0.0)
-    if KV_SCALE == SCALE_PER_TOKEN:
+    if KV_SCALE == PER_TOKEN:
         scales = tl.load(scale_pointers, mask=valid, other=0.0)
         tile = (tile.to(tl.float32) * scales[:, None]).to(DOT_DTYPE)
-    elif KV_SCALE == SCALE_PER_PROGRAM:
+    elif KV_SCALE == PER_PROGRAM:
         tile = tile.to(DOT_DTYPE)
     return tile
 
