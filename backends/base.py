@@ -158,6 +158,15 @@ class Capabilities:
                 "q_dtypes": sorted(self.q_dtypes)}
 
 
+    def summary(self) -> str:
+        """The claims a run's "claims nothing here" message names, in one line."""
+        claims = self.describe()
+        line = (f"dtypes {claims['dtypes']}, head_dims {claims['head_dims']}, page_sizes "
+                f"{claims['page_sizes']}, features {claims['features']}")
+        if self.kv_dtypes or self.q_dtypes:
+            line += f", kv_dtypes {claims['kv_dtypes']}, q_dtypes {claims['q_dtypes']}"
+        return line
+
     def as_data(self) -> dict[str, object]:
         """Plain data (lists), the form a worker sends; ``from_data`` reads it back."""
         def listed(values: Iterable | None) -> list | None:

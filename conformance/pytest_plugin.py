@@ -108,11 +108,9 @@ class ConformanceSession:
                 handle = backend.connect(self.settings.isolated)
                 cases = self.selected.get(name, [])
                 claimed = any(handle.unsupported_reason(case) is None for case in cases)
-                claims = backend.capabilities.describe()
                 why = "" if claimed else (
                     f"backend {backend.label} claims none of the {len(cases)} selected cases: "
-                    f"it claims dtypes {claims['dtypes']}, head_dims {claims['head_dims']}, "
-                    f"page_sizes {claims['page_sizes']}, features {claims['features']}")
+                    f"it claims {backend.capabilities.summary()}")
             self._claims[name] = why
         return self._claims[name]
 

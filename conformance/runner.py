@@ -278,13 +278,10 @@ class RunReport:
         for backend in self.backends:
             statuses = {r.status for r in self.results if r.backend == backend.label}
             if statuses <= {Status.UNSUPPORTED}:
-                claims = backend.capabilities.describe()
                 problems.append(
                     f"backend {backend.label} claims no check of this run (profile "
-                    f"{self.settings.profile}, {len(self.cases)} cases): it claims dtypes "
-                    f"{claims['dtypes']}, head_dims {claims['head_dims']}, page_sizes "
-                    f"{claims['page_sizes']}, features {claims['features']}; pass "
-                    f"--allow-empty if that is meant")
+                    f"{self.settings.profile}, {len(self.cases)} cases): it claims "
+                    f"{backend.capabilities.summary()}; pass --allow-empty if that is meant")
         return problems
 
     def stale_expectations(self) -> list[tuple[BackendRun, object]]:
