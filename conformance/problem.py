@@ -96,11 +96,6 @@ class Problem:
         """The output's dtype: the query's, unless the query is quantized."""
         return np.dtype(self.out_dtype) if self.out_dtype is not None else self.q.dtype
 
-    @property
-    def kv_dtype(self) -> str:
-        """What the pages hold: the output dtype's name, or an fp8 format's."""
-        return dtype_name(self.k_pages.dtype)
-
     def kept(self, row: int) -> np.ndarray:
         """Positions of row ``row`` that take part in attention."""
         return kept_tokens(int(self.context_lens[row]), self.window, self.sinks)

@@ -59,9 +59,11 @@ def check_invariance(trial: Trial) -> list[Outcome]:
 
 
 def _same_answer(trial: Trial, check: str, problem: Problem, rows: list[int] | None = None,
-                 num_splits: int | None = None, keep: list[int] | None = None) -> Outcome:
+                 num_splits: int | None = None, keep: list[int] | None = None,
+                 out_factor: float = 1.0) -> Outcome:
     """Decode a re-laid problem and compare with the base run: base rows ``rows`` (all by
-    default) against the new problem's rows ``keep`` (all by default)."""
+    default) against the new problem's rows ``keep`` (all by default), its output times
+    ``out_factor`` (a transformation that scales the answer, undone)."""
     run = trial.decode(problem, num_splits=num_splits)
     if run.exception:
         return Outcome(check, Status.ERROR, message=run.exception)
@@ -69,9 +71,10 @@ def _same_answer(trial: Trial, check: str, problem: Problem, rows: list[int] | N
     want_out, want_lse = base.out, base.lse
     if rows is not None:
         want_out, want_lse = want_out[rows], want_lse[rows]
-    got = run.state
+    got = AttentionState(np.asarray(run.out, np.float64) * out_factor if out_factor != 1.0
+                         else run.out, run.lse)
     if keep is not None:
-        got = AttentionState(run.out[keep], run.lse[keep])
+        got = AttentionState(got.out[keep], got.lse[keep])
     return trial.compare(check, got, np.asarray(want_out, np.float64), want_lse,
                          what=check.split("/", 1)[1])
 
@@ -108,13 +111,7 @@ def _rescaled(trial: Trial) -> Outcome:
     # the canonical layout: the problem differs from the base run's in its scales alone
     problem = trial.logical.rescaled(2.0, 0.5).lay_out(
         case.page_size, canonical_layout_seed(case), case.table_padding, case.shared_pages)
-    run = trial.decode(problem)
-    if run.exception:
-        return Outcome("invariance/kv-scale", Status.ERROR, message=run.exception)
-    doubled = AttentionState(np.asarray(run.out, np.float64) * 2.0, run.lse)
-    base = trial.first_run
-    return trial.compare("invariance/kv-scale", doubled, np.asarray(base.out, np.float64),
-                         base.lse, what="K scales x2, V scales x0.5, query x0.5")
+    return _same_answer(trial, "invariance/kv-scale", problem, out_factor=2.0)
 
 
 def _other_page_size(trial: Trial) -> Outcome:
