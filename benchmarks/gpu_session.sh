@@ -5,8 +5,8 @@
 # build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
 # Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
-#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, FILTER (-k: FILTER=fp8 for the fp8
-#        families), CASE_TIMEOUT: 900 when FlashInfer compiles under load)
+#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, FILTER (-k, space-separated: any of
+#        them; FILTER=fp8 for the fp8 families), CASE_TIMEOUT: 900 when FlashInfer compiles)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
@@ -18,11 +18,13 @@
 #        the release in .flashinfer-old/ (FLASHINFER_VERSION=0.6.13 bash
 #        benchmarks/flashinfer_carry.sh .flashinfer-old), then on .flashinfer/, then compare
 #   bash benchmarks/gpu_session.sh fp8                 # issue 18: the ci and full fp8 families
-#        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run, and
-#        explore --fp8 on each fp8 backend (EXPLORE_SECONDS, default 120); carry .flashinfer/
+#        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run;
+#        carry .flashinfer/
 #   bash benchmarks/gpu_session.sh modifiers           # issue 19: the soft-cap, sink-logit,
-#        ALiBi and served-model families (ci and full) on the GPU backends, and explore
-#        (which draws the modifiers where claimed) on those that claim them
+#        ALiBi and served-model families (ci, then the full served models) on the GPU
+#        backends, and the FlashInfer reproducers in docs/findings/
+#   bash benchmarks/gpu_session.sh explore-variants    # explore --fp8 on the fp8 backends and
+#        explore (which draws the modifiers where claimed) on the modifier ones, side by side
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -71,7 +73,7 @@ case "${1:-conformance}" in
       [[ $run -gt 1 ]] && accuracy=(--compare-accuracy "$OUT/accuracy-1.json")
       start=$(date +%s)
       shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
-      [[ -n ${FILTER:-} ]] && shard+=(-k "$FILTER")
+      for pattern in ${FILTER:-}; do shard+=(-k "$pattern"); done
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
         --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${checks[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1
@@ -112,22 +114,30 @@ case "${1:-conformance}" in
   fp8)
     fp8_backends="triton-splitkv triton-paged flashinfer flashinfer-tc"
     ( OUT=$OUT/ci PROFILE=ci FILTER=fp8 BACKENDS="$fp8_backends torch-flex torch-sdpa" \
-      JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
+      JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-240} bash "$0" conformance )
     ( OUT=$OUT/full PROFILE=full FILTER=fp8-model BACKENDS="$fp8_backends" JOBS=8 \
-      RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
+      RUN_TIMEOUT=${RUN_TIMEOUT:-120} bash "$0" conformance )
     ( OUT=$OUT/bench BENCH_BACKENDS="triton-splitkv flashinfer flashinfer-tc" ROUNDS=3 \
-      bash "$0" bench )
-    ( OUT=$OUT/explore EXPLORE_BACKENDS="$fp8_backends" EXPLORE_ARGS=--fp8 \
-      EXPLORE_SECONDS=${EXPLORE_SECONDS:-120} bash "$0" explore )
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-170} bash "$0" bench )
     ;;
   modifiers)
     gpu_backends="triton-splitkv triton-paged torch-flex torch-sdpa flashinfer flashinfer-tc"
-    for family in soft-cap sink-logits alibi modifiers-combined served-models; do
-      ( OUT=$OUT/$family PROFILE=full FILTER="$family" BACKENDS="$gpu_backends" JOBS=14 \
-        RUN_TIMEOUT=${RUN_TIMEOUT:-150} bash "$0" conformance )
-    done
-    ( OUT=$OUT/explore EXPLORE_BACKENDS="triton-splitkv triton-paged torch-flex" \
-      EXPLORE_SECONDS=${EXPLORE_SECONDS:-120} bash "$0" explore )
+    for probe in docs/findings/flashinfer_decode_sinks_ignored.py \
+                 docs/findings/flashinfer_alibi_softcap_scale_twice.py; do
+      echo "== $probe"; timeout 120 python3 "$probe" 2>&1 | tail -8
+    done | tee "$OUT/reproducers.txt"
+    ( OUT=$OUT/ci PROFILE=ci FILTER="soft-cap sink-logits alibi modifiers-combined served-models" \
+      BACKENDS="$gpu_backends" JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
+    ( OUT=$OUT/full PROFILE=full FILTER="served-models/" BACKENDS="$gpu_backends" JOBS=14 \
+      RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
+    ;;
+  explore-variants)
+    mkdir -p "$OUT/fp8" "$OUT/modifiers"
+    ( OUT=$OUT/fp8 EXPLORE_BACKENDS="triton-splitkv triton-paged flashinfer flashinfer-tc" \
+      EXPLORE_ARGS=--fp8 EXPLORE_SECONDS=${EXPLORE_SECONDS:-150} bash "$0" explore ) &
+    ( OUT=$OUT/modifiers EXPLORE_BACKENDS="triton-splitkv triton-paged torch-flex flashinfer" \
+      EXPLORE_SECONDS=${EXPLORE_SECONDS:-150} bash "$0" explore ) &
+    wait
     ;;
   explore)
     gpus=$(nvidia-smi -L 2>/dev/null | wc -l); (( gpus > 0 )) || gpus=1

@@ -454,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         args.profile = PROFILE_DEFAULTS.get(args.command, "ci")
     try:
         return args.handler(args)
+    except BrokenPipeError:  # `list | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except (SpecError, UnknownBackendError, ManifestError, ValueError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

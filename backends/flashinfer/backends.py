@@ -12,6 +12,12 @@ the adapter does not pretend that is one kernel). An fp8 cache is passed as Flas
 users pass it: ``kv_data_type`` at plan, and ``run(k_scale=, v_scale=)`` as floats, which
 FlashInfer folds into sm_scale and multiplies into the output ("The calibration scale of key
 for fp8 input"): per-tensor scales only.
+
+The score modifiers go where FlashInfer's users put them: ``logits_soft_cap`` and
+``pos_encoding_mode="ALIBI"`` at plan (its slopes are ``get_alibi_slopes(num_qo_heads)``, the
+standard ones; explicit slopes are not accepted), the per-head sink logits as ``run(sinks=)``,
+documented as "appended to each row of the softmax denominator". ALiBi with a soft-cap is not
+claimed: ``variants.cuh`` adds the bias inside the cap (the spec caps, then biases).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from backends.triton.runtime import to_numpy, to_torch
 WORKSPACE_BYTES = 256 * 1024 * 1024
 FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "
               "calibration scale of key for fp8 input'): per-tensor scales only")
+ALIBI_WITH_CAP = ("FlashInfer adds the ALiBi bias before the soft-cap (variants.cuh "
+                  "LogitsTransform); the spec caps the score, then adds the bias")
 # BatchDecodeWithPagedKVCacheWrapper's CUDA-core path: group sizes it dispatches
 # (others raise "Unsupported group_size"); use_tensor_cores takes the prefill kernels.
 CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})
@@ -83,7 +91,8 @@ class FlashInferDecode(Backend):
     capabilities = Capabilities(dtypes=frozenset({"float16", "bfloat16"}),
                                 head_dims=frozenset({64, 128, 256}),
                                 group_sizes=CUDA_CORE_GROUP_SIZES,
-                                features=frozenset({"lse", "merge", "sliding_window"}),
+                                features=frozenset({"lse", "merge", "sliding_window",
+                                                    "soft_cap", "sink_logits", "alibi"}),
                                 devices=("cuda",),
                                 kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
                                 kv_scales=frozenset({"per-tensor"}))
@@ -113,6 +122,11 @@ class FlashInferDecode(Backend):
     def unsupported_reason(self, case) -> str | None:
         if case.kv_dtype is not None and case.kv_scale != "per-tensor":
             return f"kv scale {case.kv_scale}: {FP8_SCALES}"
+        if case.alibi is not True and case.alibi:
+            return ("explicit ALiBi slopes: FlashInfer computes its own "
+                    "(get_alibi_slopes(num_qo_heads), the standard slopes)")
+        if case.alibi and case.soft_cap is not None:
+            return f"ALiBi with a soft-cap: {ALIBI_WITH_CAP}"
         return super().unsupported_reason(case)
 
     def notes(self) -> list[str]:
@@ -142,14 +156,18 @@ class FlashInferDecode(Backend):
         wrapper.plan(indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
                      problem.head_dim, problem.page_size,
                      window_left=problem.window - 1 if problem.window is not None else -1,
-                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale)
+                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale,
+                     logits_soft_cap=problem.soft_cap,
+                     pos_encoding_mode="NONE" if problem.alibi_slopes is None else "ALIBI")
 
-        scales = {}
+        extra = {}
         if problem.k_scale is not None:  # per-tensor: FlashInfer's float arguments
-            scales = {"k_scale": float(problem.k_scale[0]), "v_scale": float(problem.v_scale[0])}
+            extra = {"k_scale": float(problem.k_scale[0]), "v_scale": float(problem.v_scale[0])}
+        if problem.sink_logits is not None:
+            extra["sinks"] = to_torch(problem.sink_logits, "cuda")
 
         def call() -> None:
-            self.results = wrapper.run(q, (k, v), return_lse=True, **scales)
+            self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
         return call
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
