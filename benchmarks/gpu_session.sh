@@ -128,8 +128,8 @@ case "${1:-conformance}" in
     done | tee "$OUT/reproducers.txt"
     ( OUT=$OUT/ci PROFILE=ci FILTER="soft-cap sink-logits alibi modifiers-combined served-models" \
       BACKENDS="$gpu_backends" JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
-    ( OUT=$OUT/full PROFILE=full FILTER="served-models/" BACKENDS="$gpu_backends" JOBS=14 \
-      RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
+    [[ ${SERVED_FULL:-1} == 1 ]] && ( OUT=$OUT/full PROFILE=full FILTER="served-models/" \
+      BACKENDS="$gpu_backends" JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
     ;;
   explore-variants)
     mkdir -p "$OUT/fp8" "$OUT/modifiers"

@@ -1,9 +1,11 @@
 """Launch-parameter sweep of the split-KV kernel on the GPU shapes (run on a GPU machine).
 
-    python benchmarks/sweep_splitkv.py --out sweep.json
+    python benchmarks/sweep_splitkv.py --out sweep.json [--fp8]
 
 For every shape of the ``gpu`` set and every (BLOCK_N, num_warps, num_stages, waves), the
-median time by ``do_bench``; prints the best configuration per shape and per head dim.
+median time by ``time_cuda``; prints the best configuration per shape. ``--fp8``: the shapes'
+e4m3 twins (per-tensor scales) over a grid with wider tiles, since a tile of fp8 codes holds
+half the bytes of a float16 one.
 """
 
 from __future__ import annotations
@@ -17,36 +19,44 @@ from backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
         "waves": [1, 2, 4]}
+GRID_FP8 = {"BLOCK_N": [128, 256], "num_warps": [4, 8], "num_stages": [2, 3, 4],
+            "waves": [2, 4]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--fp8", action="store_true", help="the e4m3 twins of the shapes")
     args = parser.parse_args()
+    grid = GRID_FP8 if args.fp8 else GRID
     mode = runtime.select_mode()
     import torch
 
     from backends.triton.kernel_common import choose_splits
     from backends.triton.splitkv_kernel import splitkv_decode
+    from backends.triton.validation import Scales
     from conformance.bench import copy_bandwidth, select_shapes, time_cuda
     from conformance.problem import materialise, poisoned_outputs
 
     copy_rate = copy_bandwidth()
     rows = []
     for shape in select_shapes("gpu"):
+        if (shape.kv_dtype is not None) != args.fp8:
+            continue
         problem = materialise(shape.case())
         tensors = {k: runtime.to_torch(v, "cuda") for k, v in problem.arrays().items()}
         out, lse = poisoned_outputs(problem, 0.0)
         out_t, lse_t = runtime.to_torch(out, "cuda"), runtime.to_torch(lse, "cuda")
+        scales = Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"))
         best = None
-        for values in itertools.product(*GRID.values()):
-            config = dict(zip(GRID, values, strict=True))
+        for values in itertools.product(*grid.values()):
+            config = dict(zip(grid, values, strict=True))
             splits = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
                                    config["BLOCK_N"], config["waves"])
             call = partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                            tensors["block_table"], tensors["context_lens"], out_t, lse_t,
                            sm_scale=problem.sm_scale, num_splits=splits, validate=False,
-                           config=config)
+                           config=config, scales=scales)
 
             try:
                 seconds = time_cuda(call)
