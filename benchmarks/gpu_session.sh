@@ -5,8 +5,8 @@
 # build tvm --target cuda --profile full --bench-shapes gpu --out .aot, made on a CPU machine).
 # Results go to $OUT.
 #   RUNS=3 bash benchmarks/gpu_session.sh conformance  # full profile (PROFILE), RUNS times
-#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, FILTER (-k, space-separated: any of
-#        them; FILTER=fp8 for the fp8 families), CASE_TIMEOUT: 900 when FlashInfer compiles)
+#        (BACKENDS, CHECKS (families), JOBS, SHARD=K/N, FILTER (space-separated: the ids
+#        containing any of them; FILTER=fp8 for the fp8 families), CASE_TIMEOUT)
 #   bash benchmarks/gpu_session.sh bench               # CLI bench (BENCH_BACKENDS), GPU shapes
 #   bash benchmarks/gpu_session.sh pytest-bench        # pytest-benchmark: save, then gate
 #   bash benchmarks/gpu_session.sh device-fault        # a Triton store out of bounds against
@@ -73,7 +73,11 @@ case "${1:-conformance}" in
       [[ $run -gt 1 ]] && accuracy=(--compare-accuracy "$OUT/accuracy-1.json")
       start=$(date +%s)
       shard=(); [[ -n ${SHARD:-} ]] && shard=(--shard "$SHARD")
-      for pattern in ${FILTER:-}; do shard+=(-k "$pattern"); done
+      # FILTER: the cases whose ids contain any of its words (-k alone narrows by all)
+      for pattern in ${FILTER:-}; do
+        python3 -m conformance list --profile "${PROFILE:-full}" -k "$pattern"
+      done | sort -u > "$OUT/cases.txt"
+      [[ -n ${FILTER:-} ]] && while read -r id; do shard+=(--case "$id"); done < "$OUT/cases.txt"
       timeout "$limit" python3 -m conformance run --profile "${PROFILE:-full}" -j "${JOBS:-12}" \
         --case-timeout "${CASE_TIMEOUT:-300}" "${backends[@]}" "${checks[@]}" "${shard[@]}" "${accuracy[@]}" --report-json "$OUT/full-gpu-$run.json" \
         --summary-md "$OUT/summary-$run.md" > "$OUT/full-gpu-$run.log" 2>&1

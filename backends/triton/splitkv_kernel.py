@@ -187,11 +187,13 @@ def scale_arguments(scales: Scales, placeholder) -> tuple[int, int, object, obje
             scales.v_scale)
 
 
-def tile_config(head_dim: int) -> dict:
+def tile_config(head_dim: int, fp8: bool = False) -> dict:
     """Launch parameters: the best worst-case of a sweep on an H200 at head_dim 128
-    (benchmarks/README.md); smaller tiles for wider heads to bound registers."""
+    (benchmarks/sweep_splitkv.py); smaller tiles for wider heads to bound registers. An fp8
+    tile holds half the bytes: a third stage in flight was faster at all seven gpu shapes
+    (3-10%; benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not."""
     block_n = 128 if head_dim <= 128 else 64
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "waves": 2}
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2, "waves": 2}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
@@ -223,7 +225,7 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     group = hq // hkv
     if batch == 0:
         return
-    config = {**tile_config(head_dim), **(config or {})}
+    config = {**tile_config(head_dim, scales.kv_scale is not None), **(config or {})}
     if num_splits is None:
         longest = int(context_lens.max())
         if window is not None:
