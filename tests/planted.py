@@ -536,6 +536,16 @@ class SinkByKvHead(NumpySplitK):
         return super().sink_state(replace(problem, sink_logits=by_kv), heads)
 
 
+class SinkLogitsIgnored(NumpySplitK):
+    """Takes the sink logits and drops them (what FlashInfer's fa2 decode does with
+    ``run(sinks=)``: docs/findings/flashinfer-decode-sinks-ignored.md)."""
+
+    name = "bug-sink-logits-ignored"
+
+    def sink_state(self, problem, heads):
+        return None
+
+
 class AlibiSlopesReversed(NumpySplitK):
     """Gives query head ``h`` the slope of head ``num_qo_heads - 1 - h``."""
 
@@ -604,6 +614,7 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (TanhThroughExp, "oracle/output"),
     (SinkPerSplit, "oracle/output"),
     (SinkByKvHead, "oracle/output"),
+    (SinkLogitsIgnored, "oracle/output"),
     (AlibiSlopesReversed, "oracle/output"),
     (AlibiFromFirstToken, "oracle/lse"),
 ]

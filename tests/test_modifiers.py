@@ -151,3 +151,26 @@ def test_a_backend_whose_lse_leaves_the_sink_out_declares_it():
         Conventions(lse_includes_sink=False)
     with pytest.raises(ValueError, match="lse_includes_sink must be True or False"):
         Conventions(lse_includes_sink="no")
+
+
+def test_flashinfer_claims_each_modifier_alone_standard_slopes_only_and_not_alibi_capped():
+    from backends.flashinfer.backends import FlashInferTensorCores
+
+    claims = FlashInferTensorCores.__new__(FlashInferTensorCores).unsupported_reason
+    fields = dict(dtype="float16", head_dim=64)
+    assert claims(case(soft_cap=30.0, **fields)) is None
+    assert claims(case(sink_logits="normal", **fields)) is None
+    assert claims(case(alibi=True, **fields)) is None
+    assert "explicit ALiBi slopes" in claims(case(alibi=(0.5,) * 4, **fields))
+    assert "scales the score twice" in claims(case(alibi=True, soft_cap=30.0, **fields))
+
+
+def test_compiled_flex_attention_is_not_given_head_dims_below_16(monkeypatch):
+    from backends.torch import backends as torch_backends
+
+    flex = torch_backends.TorchFlex.__new__(torch_backends.TorchFlex)
+    monkeypatch.setattr(torch_backends, "device", lambda: "cuda")
+    assert "NYI" in flex.unsupported_reason(case(head_dim=8))
+    assert flex.unsupported_reason(case(head_dim=16)) is None
+    monkeypatch.setattr(torch_backends, "device", lambda: "cpu")
+    assert flex.unsupported_reason(case(head_dim=8)) is None

@@ -16,8 +16,9 @@ for fp8 input"): per-tensor scales only.
 The score modifiers go where FlashInfer's users put them: ``logits_soft_cap`` and
 ``pos_encoding_mode="ALIBI"`` at plan (its slopes are ``get_alibi_slopes(num_qo_heads)``, the
 standard ones; explicit slopes are not accepted), the per-head sink logits as ``run(sinks=)``,
-documented as "appended to each row of the softmax denominator". ALiBi with a soft-cap is not
-claimed: ``variants.cuh`` adds the bias inside the cap (the spec caps, then biases).
+documented as "appended to each row of the softmax denominator" (its fa2 kernels ignore them:
+a finding, in the manifests). ALiBi with a soft-cap is not claimed: ``variants.cuh`` adds the
+bias inside the cap and scales the score twice (the spec caps, then biases).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from backends.triton.runtime import to_numpy, to_torch
 WORKSPACE_BYTES = 256 * 1024 * 1024
 FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "
               "calibration scale of key for fp8 input'): per-tensor scales only")
-ALIBI_WITH_CAP = ("FlashInfer adds the ALiBi bias before the soft-cap (variants.cuh "
-                  "LogitsTransform); the spec caps the score, then adds the bias")
+ALIBI_WITH_CAP = ("FlashInfer adds the ALiBi bias inside the soft-cap and scales the score "
+                  "twice (variants.cuh LogitsTransform; docs/findings/"
+                  "flashinfer-alibi-softcap-scale-twice.md); the spec caps, then adds the bias")
 # BatchDecodeWithPagedKVCacheWrapper's CUDA-core path: group sizes it dispatches
 # (others raise "Unsupported group_size"); use_tensor_cores takes the prefill kernels.
 CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})

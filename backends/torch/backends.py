@@ -82,6 +82,9 @@ def slot_positions(problem) -> np.ndarray:
     return slots
 
 
+COMPILED_MIN_HEAD_DIM = 16  # Inductor's flex lowering raises NYI below (seen on the H200)
+
+
 class TorchFlex(TorchBackend):
     name = "torch-flex"
     description = ("torch flex_attention over the flattened page pool, a block mask mapping "
@@ -113,6 +116,13 @@ class TorchFlex(TorchBackend):
             self.flex = torch.compile(flex_attention, dynamic=False)
         else:
             self.flex = flex_attention
+
+    def unsupported_reason(self, case) -> str | None:
+        if device() == "cuda" and case.head_dim < COMPILED_MIN_HEAD_DIM:
+            return (f"head_dim {case.head_dim}: compiled flex_attention lowers only head_dim >= "
+                    f"{COMPILED_MIN_HEAD_DIM} ('NYI: embedding dimension of the query, key, and "
+                    f"value must be at least 16')")
+        return super().unsupported_reason(case)
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         import torch
