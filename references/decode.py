@@ -1,4 +1,5 @@
-"""The float64 decode oracle: one query token per sequence over a paged KV cache."""
+"""The float64 decode oracle: one query token per sequence, or several (speculative
+verification: causal or tree-masked drafts), over a paged KV cache."""
 
 from __future__ import annotations
 
@@ -7,17 +8,43 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def kept_tokens(context_len: int, window: int | None, sinks: int) -> np.ndarray:
-    """Token positions that take part in attention.
+def kept_tokens(context_len: int, window: int | None, sinks: int, query_len: int = 1,
+                token: int = 0, drafts_seen: np.ndarray | None = None) -> np.ndarray:
+    """Token positions that query token ``token`` of the last ``query_len`` attends to.
 
-    The window keeps the last ``window`` tokens of the context as given to the kernel and
-    ``sinks`` always keeps the first ``sinks`` tokens; without a window every token is kept.
+    The query tokens are the last ``query_len`` positions of the context (a context length
+    counts its draft tokens); token ``t`` sits at ``p = context_len - query_len + t`` and sees
+    every position up to ``p`` (causal), or, given ``drafts_seen`` (its row of the draft
+    visibility matrix, ``(query_len,)`` booleans), the context before the drafts and the
+    drafts it marks, later ones too. The window keeps the positions past ``p - window`` and
+    ``sinks`` always keeps the first ``sinks``; without a window every visible position is
+    kept. With one query token that is the whole context, windowed.
     """
-    positions = np.arange(context_len)
-    if window is None:
-        return positions
-    keep = (positions >= context_len - window) | (positions < sinks)
+    first_draft = context_len - query_len
+    query_position = first_draft + token
+    positions = np.arange(max(0, query_position + 1 if drafts_seen is None else context_len))
+    keep = np.ones(positions.size, dtype=bool)
+    if drafts_seen is not None:
+        drafts = positions >= first_draft
+        keep[drafts] = np.asarray(drafts_seen, dtype=bool)[positions[drafts] - first_draft]
+    if window is not None:
+        keep &= (positions > query_position - window) | (positions < sinks)
     return positions[keep]
+
+
+def tree_visibility(parents: np.ndarray) -> np.ndarray:
+    """``(n, n)`` booleans: draft ``i`` sees draft ``j`` when ``j`` is ``i`` or one of its
+    ancestors. ``parents[i] < i`` is the parent of draft ``i`` (-1: a child of the context);
+    a chain (``parents[i] = i - 1``) is the causal mask."""
+    parents = np.asarray(parents)
+    n = parents.size
+    seen = np.eye(n, dtype=bool)
+    for i in range(n):
+        if not -1 <= parents[i] < i:
+            raise ValueError(f"parents[{i}] = {parents[i]}: want -1 <= parent < {i}")
+        if parents[i] >= 0:
+            seen[i] |= seen[parents[i]]
+    return seen
 
 
 def gather_sequence(k_pages: np.ndarray, v_pages: np.ndarray, block_row: np.ndarray,
@@ -73,8 +100,15 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      q_scale: np.ndarray | None = None, soft_cap: float | None = None,
                      sink_logits: np.ndarray | None = None,
                      alibi_slopes: np.ndarray | None = None, lse_includes_sink: bool = True,
+                     query_lens: np.ndarray | None = None,
+                     draft_masks: list[np.ndarray | None] | None = None,
                      precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
-    """Attention output ``(batch, heads_qo, dim)`` and natural-log LSE ``(batch, heads_qo)``.
+    """Attention output ``(tokens, heads_qo, dim)`` and natural-log LSE ``(tokens, heads_qo)``.
+
+    ``q`` holds the query tokens packed sequence by sequence: ``query_lens[b]`` (one each when
+    None) rows for sequence ``b``, the last positions of its context, so that ``tokens`` is
+    the batch for one-token decode. ``draft_masks[b]`` is that sequence's ``(query_len,
+    query_len)`` visibility (``tree_visibility``), None for causal; see ``kept_tokens``.
 
     A quantized cache (fp8 codes in the pages, ``k_scale``/``v_scale`` as in
     ``token_scales``) and an fp8 query (``q_scale``, shape ``(1,)``) are read as the values
@@ -94,7 +128,7 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     output stored in it. The error-ratio tolerance rule uses it to learn how much error the
     case's own precision costs.
     """
-    batch, num_qo_heads, head_dim = q.shape
+    num_qo_heads, head_dim = q.shape[1:]
     num_kv_heads = k_pages.shape[2]
     if q_scale is not None:
         q = q.astype(np.float64) * float(np.asarray(q_scale).reshape(-1)[0])
@@ -107,19 +141,28 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
 
     modifiers = Modifiers(accumulate, sm_scale, soft_cap, sink_logits, alibi_slopes,
                           lse_includes_sink)
-    out = np.zeros((batch, num_qo_heads, head_dim), dtype=np.float64)
-    lse = np.full((batch, num_qo_heads), -np.inf, dtype=np.float64)
+    batch = len(context_lens)
+    query_lens = np.ones(batch, dtype=np.int64) if query_lens is None else query_lens
+    out = np.zeros((len(q), num_qo_heads, head_dim), dtype=np.float64)
+    lse = np.full((len(q), num_qo_heads), -np.inf, dtype=np.float64)
+    row = 0
     for b in range(batch):
-        n = int(context_lens[b])
-        positions = kept_tokens(n, window, sinks)
-        if positions.size == 0:
-            lse[b] = modifiers.empty_lse(num_qo_heads)
-            continue
-        keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions, k_scale,
-                                       v_scale)
-        for h in range(num_qo_heads):
-            out[b, h], lse[b, h] = _attend(q[b, h], keys[:, h // group], values[:, h // group],
-                                           rounded, modifiers, h, positions - (n - 1))
+        n, query_len = int(context_lens[b]), int(query_lens[b])
+        mask = None if draft_masks is None else draft_masks[b]
+        for t in range(query_len):
+            positions = kept_tokens(n, window, sinks, query_len, t,
+                                    None if mask is None else mask[t])
+            if positions.size == 0:
+                lse[row] = modifiers.empty_lse(num_qo_heads)
+            else:
+                keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions,
+                                               k_scale, v_scale)
+                offsets = positions - (n - query_len + t)
+                for h in range(num_qo_heads):
+                    out[row, h], lse[row, h] = _attend(
+                        q[row, h], keys[:, h // group], values[:, h // group], rounded,
+                        modifiers, h, offsets)
+            row += 1
     return out, lse
 
 

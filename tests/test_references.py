@@ -5,37 +5,47 @@ import math
 import numpy as np
 import pytest
 
-from references import decode_reference, kept_tokens, merge_reference
+from references import decode_reference, kept_tokens, merge_reference, tree_visibility
 
 
-def brute_force(q, k_pages, v_pages, table, lens, sm_scale, window=None, sinks=0):
-    """Token by token with plain Python floats: a second reading of docs/design.md §3."""
-    batch, hq, d = q.shape
+def brute_force(q, k_pages, v_pages, table, lens, sm_scale, window=None, sinks=0,
+                query_lens=None, masks=None):
+    """Token by token with plain Python floats: a second reading of docs/design.md §3. Query
+    row by query row: ``query_lens[b]`` rows per sequence (one each by default), the last
+    positions of its context; ``masks[b][t][i]``: draft ``t`` sees draft ``i`` (causal when
+    None)."""
+    _, hq, d = q.shape
     hkv = k_pages.shape[2]
     page_size = k_pages.shape[1]
-    out = np.zeros((batch, hq, d))
-    lse = np.full((batch, hq), -math.inf)
-    for b in range(batch):
-        n = int(lens[b])
-        tokens = [t for t in range(n)
-                  if window is None or t >= n - window or t < sinks]
-        for h in range(hq):
-            kv = h // (hq // hkv)
-            scores = []
-            for t in tokens:
-                page = int(table[b][t // page_size])
-                key = k_pages[page, t % page_size, kv]
-                scores.append(sm_scale * sum(float(x) * float(y) for x, y in zip(q[b, h], key,
-                                                                                   strict=True)))
-            if not scores:
-                continue
-            top = max(scores)
-            weights = [math.exp(s - top) for s in scores]
-            total = sum(weights)
-            for t, w in zip(tokens, weights, strict=True):
-                page = int(table[b][t // page_size])
-                out[b, h] += w / total * v_pages[page, t % page_size, kv].astype(np.float64)
-            lse[b, h] = top + math.log(total)
+    query_lens = [1] * len(lens) if query_lens is None else query_lens
+    out = np.zeros((len(q), hq, d))
+    lse = np.full((len(q), hq), -math.inf)
+    row = -1
+    for b in range(len(lens)):
+        n, m = int(lens[b]), int(query_lens[b])
+        for t in range(m):
+            row += 1
+            here = n - m + t
+            seen = here + 1 if masks is None or masks[b] is None else n
+            tokens = [j for j in range(seen)
+                      if (j < n - m or masks is None or masks[b] is None or masks[b][t][j - n + m])
+                      and (window is None or j > here - window or j < sinks)]
+            for h in range(hq):
+                kv = h // (hq // hkv)
+                scores = []
+                for j in tokens:
+                    key = k_pages[int(table[b][j // page_size]), j % page_size, kv]
+                    scores.append(sm_scale * sum(float(x) * float(y)
+                                                 for x, y in zip(q[row, h], key, strict=True)))
+                if not scores:
+                    continue
+                top = max(scores)
+                weights = [math.exp(s - top) for s in scores]
+                total = sum(weights)
+                for j, w in zip(tokens, weights, strict=True):
+                    value = v_pages[int(table[b][j // page_size]), j % page_size, kv]
+                    out[row, h] += w / total * value.astype(np.float64)
+                lse[row, h] = top + math.log(total)
     return out, lse
 
 
@@ -71,6 +81,51 @@ def test_oracle_matches_brute_force(lens, hq, hkv, page_size, window, sinks):
     np.testing.assert_array_equal(np.isneginf(got[1]), np.isneginf(want[1]))
     finite = np.isfinite(want[1])
     np.testing.assert_allclose(got[1][finite], want[1][finite], rtol=1e-12)
+
+
+@pytest.mark.parametrize("lens,query_lens,parents,window,sinks", [
+    ([9, 4, 17], [3, 1, 4], None, None, 0),  # causal, ragged, a one-token row between
+    ([9, 4, 17], [3, 1, 4], [[-1, 0, 0], None, [-1, 0, 1, 1]], None, 0),  # trees
+    ([12, 5], [4, 5], [[-1, -1, 1, 2], [-1, 0, 1, 2, 3]], 3, 1),  # window inside the drafts
+    ([6, 0], [6, 1], [[-1, 0, 0, 2, 2, 0], None], 2, 0),  # queries only; an empty row
+    ([8, 3], [3, 2], ["all", "all"], None, 0),  # every draft sees every draft, later ones too
+])
+def test_several_query_tokens_match_brute_force(lens, query_lens, parents, window, sinks):
+    rng = np.random.default_rng(sum(lens))
+    _, k, v, table, ctx = random_paged(rng, lens, 4, 2, 6, 4)
+    q = rng.standard_normal((sum(query_lens), 4, 6))
+    masks = None if parents is None else [
+        None if p is None else np.ones((m, m), bool) if p == "all" else tree_visibility(p)
+        for p, m in zip(parents, query_lens, strict=True)]
+    got = decode_reference(q, k, v, table, ctx, sm_scale=0.37, window=window, sinks=sinks,
+                           query_lens=np.array(query_lens), draft_masks=masks)
+    want = brute_force(q, k, v, table, ctx, 0.37, window, sinks, query_lens, masks)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
+    finite = np.isfinite(want[1])
+    np.testing.assert_array_equal(np.isfinite(got[1]), finite)
+    np.testing.assert_allclose(got[1][finite], want[1][finite], rtol=1e-12)
+
+
+def test_a_causal_draft_is_the_one_token_decode_of_its_own_prefix():
+    rng = np.random.default_rng(3)
+    _, k, v, table, ctx = random_paged(rng, [10], 4, 2, 6, 4)
+    q = rng.standard_normal((4, 4, 6))
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625])
+    drafts = decode_reference(q, k, v, table, ctx, sm_scale=0.4, window=5, sinks=1,
+                              alibi_slopes=slopes, query_lens=np.array([4]))
+    for t in range(4):
+        alone = decode_reference(q[t:t + 1], k, v, table, np.array([7 + t], np.int32),
+                                 sm_scale=0.4, window=5, sinks=1, alibi_slopes=slopes)
+        np.testing.assert_allclose(drafts[0][t], alone[0][0], rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(drafts[1][t], alone[1][0], rtol=1e-13)
+
+
+def test_tree_visibility_is_ancestry_and_a_chain_is_causal():
+    np.testing.assert_array_equal(tree_visibility([-1, 0, 1, 2]), np.tril(np.ones((4, 4), bool)))
+    np.testing.assert_array_equal(tree_visibility([-1, 0, 0, 1]), np.array(
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool))
+    with pytest.raises(ValueError, match=r"parents\[2\] = 2"):
+        tree_visibility([-1, 0, 2])
 
 
 def one_page(keys, values):
