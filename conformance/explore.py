@@ -289,6 +289,12 @@ def explore_command(args: argparse.Namespace) -> int:
     from conformance.interrupts import stop_on_signals
     from conformance.runner import check_families, open_backends
 
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        print("error: explore searches with Hypothesis, which is not installed here: pip install "
+              "'paged-decode-conformance[explore]'", file=sys.stderr)
+        return 2
     for option in ("save_spec", "report_json"):
         if getattr(args, option) is not None:
             check_output(getattr(args, option), "--" + option.replace("_", "-"))

@@ -269,3 +269,18 @@ def test_explore_draws_the_wide_regimes_with_tiny_heads():
 
     draw()
     assert all(count >= 5 for count in seen.values()), seen
+
+
+def test_explore_without_hypothesis_says_which_extra_in_one_line():
+    import subprocess
+    import sys
+
+    blocked = ("import sys; sys.modules['hypothesis'] = None; from conformance.cli import main; "
+               "sys.exit(main(['explore', '--backend', 'numpy', '--time-budget', '1']))")
+    done = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: explore searches with Hypothesis, which is not installed here: pip install "
+        "'paged-decode-conformance[explore]'"]
