@@ -1,9 +1,12 @@
-"""The pytest face of the suite: ``pytest --backend NAME --profile ci``.
+"""The pytest face of the suite: ``pytest --conformance-backend NAME --conformance-profile ci``.
 
 Each (backend, case, check family) is one test whose id is ``backend/case-id/family``.
 Unsupported cases are skipped with the capability as reason, manifest-listed failures are
 xfailed with the manifest's reason, everything else passes or fails with the measured error
-and a reproducer. With ``--backend`` given, only conformance tests are collected.
+and a reproducer. With ``--conformance-backend`` given, only conformance tests are collected.
+The plugin loads in every pytest run of the environment it is installed in, so its options
+carry a prefix (a project's own ``--backend`` stays its own) and it does nothing until asked
+by option or until its tests are collected.
 """
 
 from __future__ import annotations
@@ -34,42 +37,59 @@ DEFAULT_BACKEND = "numpy"
 DEFAULT_PROFILE = "smoke"
 
 
+PREFIX = "conformance"  # every option is --conformance-*, as pytest-benchmark's are --benchmark-*
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance", "paged decode attention conformance")
-    group.addoption("--backend", action="append", default=[], metavar="NAME",
-                    help="backend to check (registered name or module:Class; repeatable). "
-                         "Giving it runs only the conformance tests. "
-                         f"Default: {DEFAULT_BACKEND}.")
-    group.addoption("--profile", default=DEFAULT_PROFILE,
-                    help=f"spec profile (default: {DEFAULT_PROFILE})")
-    group.addoption("--spec", default=None, help="a spec TOML other than the built-in one")
-    group.addoption("--check-family", action="append", default=[], metavar="FAMILY",
-                    help=f"check families to run (default all: {', '.join(CHECK_FAMILIES)})")
-    group.addoption("--expectations", default=None, type=Path,
-                    help="directory of expectation manifests (default: expectations/)")
-    group.addoption("--case-timeout", default=DEFAULT_CASE_TIMEOUT, type=float,
-                    metavar="SECONDS",
-                    help="kill a backend that spends longer on one test (a case's check "
-                         f"family) and fail it (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
-    group.addoption("--explore", type=int, default=0, metavar="N",
-                    help="instead of the spec's cases, let explore draw N cases per backend "
-                         "(Hypothesis) and fail with each shrunk failure as a spec entry")
-    group.addoption("--explore-seed", type=int, default=0, help="explore's seed (default 0)")
-    group.addoption("--in-process", action="store_true",
-                    help="call the backend in the pytest process (to debug it): no isolation")
-    group.addoption("--allow-empty", action="store_true",
-                    help="skip, not fail, the tests of a backend that is unavailable or "
-                         "claims none of the selected cases")
+
+    def option(name: str, **kwargs) -> None:
+        group.addoption(f"--{PREFIX}-{name}", dest=f"{PREFIX}_{name.replace('-', '_')}",
+                        **kwargs)
+
+    option("backend", action="append", default=[], metavar="NAME",
+           help="backend to check (registered name or module:Class; repeatable). Giving it "
+                f"runs only the conformance tests. Default: {DEFAULT_BACKEND}.")
+    option("profile", default=DEFAULT_PROFILE, help=f"spec profile (default: {DEFAULT_PROFILE})")
+    option("spec", default=None, help="a spec TOML other than the built-in one")
+    option("check", action="append", default=[], metavar="FAMILY",
+           help=f"check family to run, repeatable (default all: {', '.join(CHECK_FAMILIES)})")
+    option("expectations", default=None, type=Path,
+           help="directory of expectation manifests (default: expectations/)")
+    option("case-timeout", default=DEFAULT_CASE_TIMEOUT, type=float, metavar="SECONDS",
+           help="kill a backend that spends longer on one test (a case's check family) and "
+                f"fail it (default {DEFAULT_CASE_TIMEOUT:g}; 0: never)")
+    option("explore", type=int, default=0, metavar="N",
+           help="instead of the spec's cases, let explore draw N cases per backend "
+                "(Hypothesis) and fail with each shrunk failure as a spec entry")
+    option("explore-seed", type=int, default=0, help="explore's seed (default 0)")
+    option("in-process", action="store_true",
+           help="call the backend in the pytest process (to debug it): no isolation")
+    option("allow-empty", action="store_true",
+           help="skip, not fail, the tests of a backend that is unavailable or claims none of "
+                "the selected cases")
+
+
+def _option(config: pytest.Config, name: str):
+    return config.getoption(f"{PREFIX}_{name}")
+
+
+def _asked(config: pytest.Config) -> bool:
+    """Whether this pytest run asked for conformance tests by option; otherwise the plugin
+    stays idle (no backend opened, no environment touched) unless its tests are collected."""
+    return bool(_option(config, "backend")) or _option(config, "explore") > 0
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance check of a backend on a case")
     config.addinivalue_line("markers", "conformance_explore: an explore search of a backend")
-    os.environ.update(xdist_worker_environment())  # before anything touches CUDA
-    timeout = config.getoption("case_timeout")
+    timeout = _option(config, "case_timeout")
     if not 0 <= timeout <= MAX_SECONDS:
-        raise pytest.UsageError(f"--case-timeout {timeout:g}: want seconds from 0 to "
+        raise pytest.UsageError(f"--{PREFIX}-case-timeout {timeout:g}: want seconds from 0 to "
                                 f"{MAX_SECONDS} (0: none)")
+    if not _asked(config):
+        return
+    os.environ.update(xdist_worker_environment())  # before anything touches CUDA
     session = _session(config)
     try:
         check_families(session.settings.families)
@@ -84,14 +104,14 @@ class ConformanceSession:
     """The backends, settings and the current case's trial, shared by the tests of a run."""
 
     def __init__(self, config: pytest.Config):
-        families = tuple(config.getoption("check_family")) or tuple(CHECK_FAMILIES)
-        self.settings = RunSettings(profile=config.getoption("profile"),
-                                    spec_path=config.getoption("spec"), families=families,
-                                    manifest_dir=config.getoption("expectations"),
-                                    isolated=not config.getoption("in_process"),
-                                    case_timeout=config.getoption("case_timeout"))
-        self.backend_names = config.getoption("backend") or [DEFAULT_BACKEND]
-        self.allow_empty = config.getoption("allow_empty")
+        families = tuple(_option(config, "check")) or tuple(CHECK_FAMILIES)
+        self.settings = RunSettings(profile=_option(config, "profile"),
+                                    spec_path=_option(config, "spec"), families=families,
+                                    manifest_dir=_option(config, "expectations"),
+                                    isolated=not _option(config, "in_process"),
+                                    case_timeout=_option(config, "case_timeout"))
+        self.backend_names = _option(config, "backend") or [DEFAULT_BACKEND]
+        self.allow_empty = _option(config, "allow_empty")
         self._backends: dict[str, BackendRun] = {}
         self._trial: tuple[tuple[str, str], Trial] | None = None
         self.selected: dict[str, list[Case]] = {}  # backend name -> the cases its tests run
@@ -170,14 +190,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    exploring = config.getoption("explore") > 0
+    exploring = _option(config, "explore") > 0
     wanted = "conformance_explore" if exploring else "conformance"
 
     def keep(item: pytest.Item) -> bool:
         if item.get_closest_marker("conformance_explore"):
             return exploring
         return bool(item.get_closest_marker(wanted)) or not (
-            config.getoption("backend") or exploring)
+            _option(config, "backend") or exploring)
 
     selected = [item for item in items if keep(item)]
     deselected = [item for item in items if not keep(item)]
@@ -188,6 +208,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they do
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "_conformance"):
+        return  # no conformance test was collected: nothing to prepare
     conformance = _session(session.config)
     for item in session.items:
         params = getattr(item, "callspec", None)
@@ -225,7 +247,8 @@ def check_item(session: ConformanceSession, name: str, case: Case, family: str,
     if statuses == {Status.UNSUPPORTED}:
         empty = session.claims_nothing(name)
         if empty and not session.allow_empty:  # nothing judged is no pass (as in the CLI)
-            pytest.fail(f"{empty}; pass --allow-empty if that is meant", pytrace=False)
+            pytest.fail(f"{empty}; pass --conformance-allow-empty if that is meant",
+                        pytrace=False)
         pytest.skip(f"unsupported: {results[0].message}")
     unjudged = [r for r in results if r.status == Status.CANNOT_JUDGE]
     if unjudged:  # no pass: the check could not have failed here
@@ -246,10 +269,10 @@ def explore_item(session: ConformanceSession, name: str, config: pytest.Config) 
     if backend.reason:
         if not session.allow_empty:
             pytest.fail(f"backend {backend.label} is unavailable here: {backend.reason}; pass "
-                        f"--allow-empty if that is meant", pytrace=False)
+                        f"--conformance-allow-empty if that is meant", pytrace=False)
         pytest.skip(f"unsupported: backend unavailable: {backend.reason}")
-    state = explore(backend, session.settings, config.getoption("explore"),
-                    seed=config.getoption("explore_seed"))
+    state = explore(backend, session.settings, _option(config, "explore"),
+                    seed=_option(config, "explore_seed"))
     if state.findings:
         entries = [finding.spec_entry(f"explore-{backend.label}-{number}")
                    for number, finding in enumerate(state.findings.values(), start=1)]

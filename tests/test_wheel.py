@@ -72,7 +72,7 @@ def test_the_installed_suite_runs_from_another_directory(installed):
 
 def test_pytest_finds_the_plugin_through_its_entry_point(installed):
     result = run_there(installed, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
-                       "conformance", "--backend", "numpy", "--profile", "smoke",
-                       "--check-family", "oracle")
+                       "conformance", "--conformance-backend", "numpy",
+                       "--conformance-profile", "smoke", "--conformance-check", "oracle")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "16 passed" in result.stdout
