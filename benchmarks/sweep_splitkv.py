@@ -15,6 +15,7 @@ import itertools
 import json
 from functools import partial
 
+from backends.tensors import to_torch
 from backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
@@ -44,9 +45,9 @@ def main() -> None:
         if (shape.kv_dtype is not None) != args.fp8:
             continue
         problem = materialise(shape.case())
-        tensors = {k: runtime.to_torch(v, "cuda") for k, v in problem.arrays().items()}
+        tensors = {k: to_torch(v, "cuda") for k, v in problem.arrays().items()}
         out, lse = poisoned_outputs(problem, 0.0)
-        out_t, lse_t = runtime.to_torch(out, "cuda"), runtime.to_torch(lse, "cuda")
+        out_t, lse_t = to_torch(out, "cuda"), to_torch(lse, "cuda")
         scales = Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"))
         best = None
         for values in itertools.product(*grid.values()):

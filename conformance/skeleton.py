@@ -20,13 +20,16 @@ Add a backend in ten minutes:
        problem.context_lens  (batch,) int32, 0 is legal
        problem.sm_scale, problem.window (None or int), problem.sinks (int)
    An fp8 cache (only on cases you claim in kv_dtypes/kv_scales): k_pages and v_pages hold
-   the codes (ml_dtypes float8_e4m3fn / float8_e5m2; runtime.to_torch views them), read as
+   the codes (ml_dtypes float8_e4m3fn / float8_e5m2), read as
    code * scale, with problem.kv_scale naming the layout of the float32 scales:
        "per-tensor"  problem.k_scale, problem.v_scale   (1,)
        "per-head"    the same                           (num_kv_heads,)
        "per-token"   the same                           (num_pages, page_size, num_kv_heads)
    An fp8 query (q_dtypes): q holds codes, problem.q_scale (1,), the output is problem.dtype.
    Hand codes and scales to your kernel as its users do; never dequantize for it.
+   bfloat16 and fp8 arrays are ml_dtypes types, which torch.from_numpy refuses: convert with
+       from backends.tensors import to_numpy, to_torch
+       q = to_torch(problem.q, "cuda")      ...      out[...] = to_numpy(result, out)
    Convert to your kernel's layout here (that part is not timed), run the kernel, and write
    the results into ``out`` (batch, num_qo_heads, head_dim) in the query dtype and ``lse``
    (batch, num_qo_heads) float32, natural log. Both arrive poisoned: write every element.

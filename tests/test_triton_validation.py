@@ -14,6 +14,7 @@ from backends.triton import runtime
 runtime.select_mode()  # the interpreter on a CPU machine, before triton is imported
 import torch  # noqa: E402
 
+from backends.tensors import to_torch  # noqa: E402
 from backends.triton.merge_kernel import merge_states  # noqa: E402
 from backends.triton.paged_kernel import paged_decode  # noqa: E402
 from backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
@@ -78,7 +79,7 @@ FP8_CASE = Case(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_si
 
 def fp8_inputs():
     problem = materialise(FP8_CASE)
-    tensors = {k: runtime.to_torch(v, "cpu") for k, v in problem.arrays().items()}
+    tensors = {k: to_torch(v, "cpu") for k, v in problem.arrays().items()}
     tensors["out"] = torch.empty(problem.q.shape, dtype=torch.float16)
     tensors["lse"] = torch.empty(problem.q.shape[:2], dtype=torch.float32)
     return problem, tensors

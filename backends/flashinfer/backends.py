@@ -31,7 +31,7 @@ from functools import cache
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities, Conventions
-from backends.triton.runtime import to_numpy, to_torch
+from backends.tensors import to_numpy, to_torch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "

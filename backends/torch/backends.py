@@ -23,7 +23,7 @@ from functools import cache
 import numpy as np
 
 from backends.base import Backend, Capabilities
-from backends.triton.runtime import to_numpy, to_torch
+from backends.tensors import to_numpy, to_torch
 
 FEATURES = frozenset({"lse", "sliding_window", "sinks"})
 

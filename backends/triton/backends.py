@@ -7,6 +7,7 @@ from functools import partial
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities
+from backends.tensors import to_numpy, to_torch
 from backends.triton import runtime
 
 BF16_INTERPRETER = ("bfloat16 arithmetic is not supported by the Triton interpreter "
@@ -43,8 +44,8 @@ class TritonBackend(Backend):
     def decode(self, problem, out, lse, *, num_splits=None) -> None:
         out_t, lse_t = self.upload(out), self.upload(lse)
         self.bind(problem, out_t, lse_t, num_splits, validate=True)()
-        out[...] = runtime.to_numpy(out_t, out)
-        lse[...] = runtime.to_numpy(lse_t, lse)
+        out[...] = to_numpy(out_t, out)
+        lse[...] = to_numpy(lse_t, lse)
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         out_t, lse_t = self.upload(out), self.upload(lse)
@@ -55,7 +56,7 @@ class TritonBackend(Backend):
         return self.mode.device
 
     def upload(self, array: np.ndarray):
-        return runtime.to_torch(array, self.mode.device)
+        return to_torch(array, self.mode.device)
 
     def bind(self, problem, out, lse, num_splits: int | None, validate: bool):
         """Convert the problem for the kernel and return the launch, ready to call."""
@@ -96,11 +97,11 @@ class TritonBackend(Backend):
         device = self.mode.device
         out = np.full_like(a.out, np.nan)
         lse = np.full_like(a.lse, np.nan, dtype=np.float32)
-        out_t, lse_t = runtime.to_torch(out, device), runtime.to_torch(lse, device)
-        merge_states(runtime.to_torch(a.out, device), runtime.to_torch(a.lse, device),
-                     runtime.to_torch(b.out, device), runtime.to_torch(b.lse, device),
+        out_t, lse_t = to_torch(out, device), to_torch(lse, device)
+        merge_states(to_torch(a.out, device), to_torch(a.lse, device),
+                     to_torch(b.out, device), to_torch(b.lse, device),
                      out_t, lse_t)
-        return AttentionState(out=runtime.to_numpy(out_t, out), lse=runtime.to_numpy(lse_t, lse))
+        return AttentionState(out=to_numpy(out_t, out), lse=to_numpy(lse_t, lse))
 
 
 class TritonSplitKV(TritonBackend):

@@ -7,8 +7,6 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class Mode:
@@ -55,24 +53,3 @@ def unavailable_reason() -> str | None:
 
 
 # dtypes NumPy holds through ml_dtypes: torch takes their bytes through a view
-VIEWED = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
-
-
-def to_torch(array: np.ndarray, device: str):
-    """A torch tensor with the same values (bfloat16 and fp8 through an integer view)."""
-    import torch
-
-    if array.dtype.name in VIEWED:
-        return torch.from_numpy(np.ascontiguousarray(array).view(VIEWED[array.dtype.name])).view(
-            getattr(torch, array.dtype.name)).to(device)
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
-
-
-def to_numpy(tensor, like: np.ndarray) -> np.ndarray:
-    """Copy a tensor back into NumPy with the dtype of ``like``."""
-    import torch
-
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(like.dtype)
-    return tensor.numpy().astype(like.dtype, copy=False)

@@ -1,0 +1,45 @@
+"""The adapter API's NumPy <-> torch conversion: every dtype a problem holds, bit for bit."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is the conversion's other side")
+
+from backends.tensors import to_numpy, to_torch  # noqa: E402
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+          ml_dtypes.float8_e5m2, np.int32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_problem_dtype_goes_to_torch_and_back_bit_for_bit(dtype):
+    values = np.random.default_rng(0).standard_normal((3, 5)) * 100
+    array = values.astype(dtype)
+    kept = array.copy()
+    tensor = to_torch(array[:, ::2])  # a strided view as well
+    assert str(tensor.dtype) == f"torch.{np.dtype(dtype).name}"
+    back = to_numpy(tensor, array)
+    assert back.dtype == array.dtype
+    np.testing.assert_array_equal(back.view(np.uint8), np.ascontiguousarray(
+        array[:, ::2]).view(np.uint8))
+    np.testing.assert_array_equal(array.view(np.uint8), kept.view(np.uint8))  # untouched
+    tensor.fill_(0)
+    np.testing.assert_array_equal(array.view(np.uint8), kept.view(np.uint8))  # a copy
+
+
+def test_a_torch_result_lands_in_the_dtype_of_the_buffer_it_is_written_to():
+    out = np.zeros(4, dtype=ml_dtypes.bfloat16)
+    result = torch.tensor([1.0, 2.5, -3.0, 0.1], dtype=torch.float32)
+    np.testing.assert_array_equal(to_numpy(result, out).astype(np.float32),
+                                  np.array([1.0, 2.5, -3.0, 0.1]).astype(ml_dtypes.bfloat16)
+                                  .astype(np.float32))
+    e4m3 = torch.tensor([448.0, -2.0]).to(torch.float8_e4m3fn)
+    assert to_numpy(e4m3, np.zeros(2, np.float32)).tolist() == [448.0, -2.0]
+
+
+def test_plain_from_numpy_is_what_it_replaces():
+    with pytest.raises(TypeError):
+        torch.from_numpy(np.zeros(2, dtype=ml_dtypes.bfloat16))
