@@ -121,6 +121,16 @@ def render(report: dict, bench: dict | None = None) -> str:
         f"<code>{html.escape(r['check'])}</code> on <code>{html.escape(r['case'])}</code>: "
         f"{html.escape(r['message'])}<br><code>{html.escape(r['reproducer'])}</code></li>"
         for r in failures)
+    known = report.get("known_failures", [])
+    known_rows = "".join(
+        f"<tr><td>{html.escape(g['backend'])}</td><td>{g['count']}</td>"
+        f"<td><code>{html.escape(g['check'])}</code></td>"
+        f"<td><code>{html.escape(g['case'] or g['example'])}</code></td>"
+        f"<td>{html.escape(g['reason'])}</td><td>{html.escape(g['link'])}</td></tr>"
+        for g in known)
+    known_table = (f"<h2>Known failures ({sum(g['count'] for g in known)}, manifest)</h2>"
+                   f"<table><tr><th>backend</th><th>checks</th><th>check</th><th>cases</th>"
+                   f"<th>reason</th><th>finding</th></tr>{known_rows}</table>") if known else ""
     figures = [("Error against context length", error_figure(report))]
     if bench:
         figures.append(("Benchmarks against the bandwidth ceiling", bench_figure(bench)))
@@ -138,6 +148,7 @@ td,th{{border:1px solid #999;padding:4px 8px;text-align:left}}img{{max-width:100
 <table><tr><th>backend</th>{head}</tr>{body}</table>
 {images}
 <h2>Unexpected failures ({len(failures)})</h2><ul>{failure_items}</ul>
+{known_table}
 </body></html>
 """
 

@@ -8,6 +8,7 @@ import math
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -57,6 +58,43 @@ def matrix_lines(report: RunReport) -> list[str]:
             for row in rows]
 
 
+@dataclass(frozen=True)
+class KnownGroup:
+    """The known failures of one manifest entry: what a reader needs in place of a count."""
+
+    backend: str
+    case: str  # the entry's case pattern (the reason alone when no entry is at hand)
+    check: str
+    reason: str
+    link: str
+    count: int
+    example: str  # the first case it held
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "case": self.case, "check": self.check,
+                "reason": self.reason, "link": self.link, "count": self.count,
+                "example": self.example}
+
+
+def known_groups(report: RunReport) -> list[KnownGroup]:
+    """Known failures grouped by the manifest entry that listed them, in report order."""
+    backends = {b.label: b for b in report.backends}
+    groups: dict[tuple, list] = {}
+    for r in report.results:
+        if r.status != Status.KNOWN_FAILURE:
+            continue
+        backend = backends.get(r.backend)
+        entry = backend.manifest.lookup(r.case, r.check, report.devices.get(r.backend)) \
+            if backend is not None else None
+        key = (r.backend, entry.line if entry else r.message)
+        if key not in groups:
+            groups[key] = [entry, r, 0]
+        groups[key][2] += 1
+    return [KnownGroup(r.backend, entry.case, entry.check, entry.reason, entry.link, count, r.case)
+            if entry else KnownGroup(r.backend, "", r.check, r.message, "", count, r.case)
+            for entry, r, count in groups.values()]
+
+
 def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) -> None:
     print(file=stream)
     print(f"profile {report.settings.profile}: {len(report.cases)} cases, "
@@ -78,6 +116,14 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
               f"the JSON report (not shown here)", file=stream)
     for (backend, case), reasons in report.restarts.items():
         print(f"  worker replaced {len(reasons)}x in {backend} {case}: {reasons[0]}", file=stream)
+    groups = known_groups(report)
+    if groups:
+        print(f"\nknown failures (manifest), {sum(g.count for g in groups)} in {len(groups)} "
+              f"entr{'y' if len(groups) == 1 else 'ies'}:", file=stream)
+    for g in groups:
+        where = f" on {g.case}" if g.case else ""
+        print(f"- {g.backend}: {g.count} x {g.check}{where}: {g.reason}"
+              f"{f' [{g.link}]' if g.link else ''}\n  e.g. {g.example}", file=stream)
     failures = report.failures
     if not failures:
         print("\nno unexpected failures", file=stream)
@@ -144,6 +190,7 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
                             for (backend, case), captured in report.captured.items()],
         "worker_restarts": [{"backend": backend, "case": case, "reasons": reasons}
                             for (backend, case), reasons in report.restarts.items()],
+        "known_failures": [g.as_dict() for g in known_groups(report)],
     }
 
 
@@ -224,6 +271,14 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
     lines += ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
     lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     lines += ["", LEGEND, ""]
+    groups = known_groups(report)
+    if groups:
+        lines += [f"### {sum(g.count for g in groups)} known failure(s) (manifest)", "",
+                  "| backend | checks | check | cases | reason | finding |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {md(g.backend)} | {g.count} | {md(g.check)} | {md(g.case or g.example)} | "
+                  f"{md(g.reason)} | {md(g.link)} |" for g in groups]
+        lines.append("")
     failures = report.failures
     if failures:
         lines += [f"### {len(failures)} unexpected failure(s)", ""]

@@ -28,6 +28,37 @@ def test_listed_failures_are_known_and_do_not_fail_the_run(tmp_path):
     assert all("tracked upstream" in r.message for r in known)
 
 
+def test_known_failures_are_listed_by_entry_in_every_report(tmp_path):
+    import io
+    import json
+
+    from conformance.html_report import render
+    from conformance.report import report_dict, write_markdown, write_terminal
+
+    write(tmp_path, "bug-window-off-by-one", '[[expect]]\ncase = "sliding-window/*"\n'
+          'check = "oracle"\nreason = "off by one, tracked upstream"\n'
+          'link = "docs/findings/window.md"\n')
+    report = run_with(tmp_path, "tests.planted:WindowOffByOne")
+    count = sum(r.status == "known-failure" for r in report.results)
+    assert count > 1
+    terminal = io.StringIO()
+    write_terminal(report, terminal)
+    assert (f"- bug-window-off-by-one: {count} x oracle on sliding-window/*: off by one, "
+            f"tracked upstream [docs/findings/window.md]") in terminal.getvalue()
+    write_markdown(report, tmp_path / "summary.md")
+    summary = (tmp_path / "summary.md").read_text()
+    assert (f"| bug-window-off-by-one | {count} | oracle | sliding-window/\\* | off by one, "
+            f"tracked upstream | docs/findings/window.md |") in summary
+    data = json.loads(json.dumps(report_dict(report)))
+    assert data["known_failures"] == [{
+        "backend": "bug-window-off-by-one", "case": "sliding-window/*", "check": "oracle",
+        "reason": "off by one, tracked upstream", "link": "docs/findings/window.md",
+        "count": count, "example": next(r.case for r in report.results
+                                        if r.status == "known-failure")}]
+    page = render(data)
+    assert "Known failures (" in page and "docs/findings/window.md" in page
+
+
 def test_a_listed_case_that_passes_is_an_unexpected_pass_that_fails_the_run(tmp_path):
     write(tmp_path, "numpy", '[[expect]]\ncase = "sliding-window/*window20-*"\n'
           'check = "oracle/output"\nreason = "was broken once"\n')
