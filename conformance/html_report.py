@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from conformance.dtypes import SHORT_NAMES
+from conformance.report import worst_errors
 from conformance.status import FAILING
 
 _CTX = re.compile(r"ctx\[([\d,]+)\]|ctx(\d+)x\[(\d+)\.\.(\d+)\]|ctx(\d+)x\[(\d+)\]")
@@ -104,6 +105,25 @@ def bench_figure(bench: dict) -> str | None:
     return _png(figure)
 
 
+def ran_where(report: dict) -> str:
+    """The machine, its libraries, each backend's description and device, and the command."""
+    machine = report.get("machine") or {}
+    libraries = ", ".join(f"{name} {version}" for name, version in
+                          (machine.get("libraries") or {}).items())
+    rows = "".join(
+        f"<tr><td>{html.escape(str(b.get('name', '')))}</td>"
+        f"<td>{html.escape(str(b.get('device', '')))}</td>"
+        f"<td>{html.escape(str(b.get('description', '')))}"
+        f"{''.join('<br>' + html.escape(str(n)) for n in b.get('notes', []) or [])}</td></tr>"
+        for b in report.get("backends", []))
+    command = report.get("command")
+    command = " ".join(command) if isinstance(command, list) else str(command or "")
+    return (f"<h2>What ran where</h2><p>{html.escape(str(machine.get('platform', '')))}, "
+            f"python {html.escape(str(machine.get('python', '')))}; "
+            f"{html.escape(libraries)}</p><p><code>{html.escape(command)}</code></p>"
+            f"<table><tr><th>backend</th><th>device</th><th>what it is</th></tr>{rows}</table>")
+
+
 def render(report: dict, bench: dict | None = None) -> str:
     summary = report.get("summary", {})
     families = sorted({f for counts in summary.values() for f in counts})
@@ -131,6 +151,13 @@ def render(report: dict, bench: dict | None = None) -> str:
     known_table = (f"<h2>Known failures ({sum(g['count'] for g in known)}, manifest)</h2>"
                    f"<table><tr><th>backend</th><th>checks</th><th>check</th><th>cases</th>"
                    f"<th>reason</th><th>finding</th></tr>{known_rows}</table>") if known else ""
+    accuracy = "".join(
+        f"<tr><td>{html.escape(b)}</td><td>{html.escape(d)}</td><td><code>{html.escape(c)}"
+        f"</code></td><td>{e:.3g}</td><td>{g:.3g}</td><td><code>{html.escape(case)}</code>"
+        f"</td></tr>" for b, d, c, e, g, case in worst_errors(report["results"]))
+    accuracy_table = ("<h2>Accuracy (worst error / budget per backend, dtype and check)</h2>"
+                      "<table><tr><th>backend</th><th>dtype</th><th>check</th><th>error</th>"
+                      f"<th>budget</th><th>case</th></tr>{accuracy}</table>") if accuracy else ""
     figures = [("Error against context length", error_figure(report))]
     if bench:
         figures.append(("Benchmarks against the bandwidth ceiling", bench_figure(bench)))
@@ -146,6 +173,8 @@ td,th{{border:1px solid #999;padding:4px 8px;text-align:left}}img{{max-width:100
 <p>profile <b>{html.escape(str(report.get("profile")))}</b>, created
 {html.escape(str(report.get("created")))}</p>
 <table><tr><th>backend</th>{head}</tr>{body}</table>
+{ran_where(report)}
+{accuracy_table}
 {images}
 <h2>Unexpected failures ({len(failures)})</h2><ul>{failure_items}</ul>
 {known_table}

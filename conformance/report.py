@@ -244,13 +244,20 @@ def write_junit(report: RunReport, path: str | Path) -> None:
 
 def accuracy_rows(report: RunReport) -> list[tuple[str, str, str, float, float, str]]:
     """Per backend, dtype and oracle check: the worst error, its budget and the case."""
+    return worst_errors(r.as_dict() for r in report.results)
+
+
+def worst_errors(results) -> list[tuple[str, str, str, float, float, str]]:
+    """``accuracy_rows`` from result records as the JSON report holds them (dicts)."""
     worst: dict[tuple[str, str, str], tuple[float, float, str]] = {}
-    for r in report.results:
-        if r.check.startswith("oracle/") and r.error is not None and r.budget:
-            dtype = r.dtype
-            key = (r.backend, dtype, r.check)
-            if key not in worst or r.error / r.budget > worst[key][0] / worst[key][1]:
-                worst[key] = (r.error, r.budget, r.case)
+    for r in results:
+        error, budget = r.get("error"), r.get("budget")
+        if not (r["check"].startswith("oracle/") and isinstance(error, (int, float))
+                and isinstance(budget, (int, float)) and budget):
+            continue  # a non-finite error is a failure listed elsewhere
+        key = (r["backend"], r.get("dtype", ""), r["check"])
+        if key not in worst or error / budget > worst[key][0] / worst[key][1]:
+            worst[key] = (error, budget, r["case"])
     return [(*key, *value) for key, value in sorted(worst.items())]
 
 

@@ -45,3 +45,22 @@ def test_html_report_renders_its_plots_in_headless_chromium(tmp_path):
     assert ink.mean() > 0.02
     plotted = np.abs(pixels - TAB_BLUE).sum(axis=-1) < 0.1
     assert plotted.sum() > 200, "the error plot's points did not render"
+
+
+def test_html_report_says_what_ran_where_and_the_accuracy_table(tmp_path):
+    import json
+
+    from conformance.html_report import render
+
+    report = tmp_path / "r.json"
+    cli("run", "--backend", "numpy", "--profile", "smoke", "-k", "sinks/", "--report-json",
+        str(report))
+    data = json.loads(report.read_text())
+    page = render(data)
+    assert "What ran where" in page and data["machine"]["platform"] in page
+    assert "numpy " + data["machine"]["libraries"]["numpy"] in page
+    assert "--report-json" in page and data["backends"][0]["description"][:30] in page
+    assert "Accuracy (worst error / budget" in page
+    worst = max((r for r in data["results"] if r["check"] == "oracle/output"),
+                key=lambda r: r["error"] / r["budget"])
+    assert f"<td>{worst['error']:.3g}</td>" in page
