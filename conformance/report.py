@@ -6,6 +6,7 @@ import datetime
 import json
 import math
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -307,8 +308,14 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
     write_atomically(path, "\n".join(lines) + "\n")
 
 
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
 class Progress:
-    """A one-line progress bar on a terminal, a line every 10% elsewhere."""
+    """A one-line progress bar on a terminal (as wide as the terminal), a line every 10%
+    elsewhere; both with the time left at the pace so far and the failures so far."""
 
     def __init__(self, stream=sys.stderr):
         self.stream = stream
@@ -316,16 +323,19 @@ class Progress:
         self.start = time.monotonic()
         self.last_decile = -1
 
-    def __call__(self, done: int, total: int, label: str) -> None:
+    def __call__(self, done: int, total: int, label: str, failing: int = 0) -> None:
         elapsed = time.monotonic() - self.start
+        left = f", ~{_duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
+        status = f"{done}/{total} cases, {elapsed:.1f}s{left}, {failing} failing"
         if self.tty:
-            width = 30
+            columns = shutil.get_terminal_size((100, 24)).columns - 1
+            width = max(10, min(30, columns // 4))
             filled = width * done // max(total, 1)
-            text = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.1f}s "
-            self.stream.write(text + label[:60].ljust(60))
+            text = f"[{'#' * filled}{'.' * (width - filled)}] {status} "
+            self.stream.write("\r" + (text + label)[:columns].ljust(columns))
             if done == total:
                 self.stream.write("\n")
         elif done * 10 // max(total, 1) > self.last_decile:
             self.last_decile = done * 10 // max(total, 1)
-            self.stream.write(f"{done}/{total} cases, {elapsed:.1f}s\n")
+            self.stream.write(status + "\n")
         self.stream.flush()

@@ -342,21 +342,26 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
 
 
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
-        progress: Callable[[int, int, str], None] | None = None, jobs: int = 1) -> RunReport:
+        progress: Callable[[int, int, str, int], None] | None = None,
+        jobs: int = 1) -> RunReport:
     """Every family for every case on every backend; a backend fault never stops the run.
 
     With ``jobs > 1`` cases go to worker processes (``conformance.parallel``); results are
-    reported in the same order as a serial run.
+    reported in the same order as a serial run. ``progress(done, total, label, failing)``
+    hears of each finished case, with the unexpected failures so far.
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
     collected: dict[int, CaseRecord] = {}
+    failing = 0
 
     def done(index: int, record: CaseRecord) -> None:
+        nonlocal failing
         collected[index] = record
+        failing += sum(r.status in FAILING for r in record.results)
         if progress:
             backend, case = tasks[index]
-            progress(len(collected), len(tasks), f"{backend.label} {case.id}")
+            progress(len(collected), len(tasks), f"{backend.label} {case.id}", failing)
 
     def crashed(index: int, exitcode: int | None) -> CaseRecord:
         backend, case = tasks[index]

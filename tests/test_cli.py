@@ -214,3 +214,33 @@ def test_run_and_list_default_to_the_ci_profile():
     assert listed.returncode == 0, listed.stderr
     ci = [c.id for c in default_spec().cases("ci")]
     assert listed.stdout.split() == ci
+
+
+def test_progress_says_the_time_left_and_the_failures_and_fits_the_terminal(monkeypatch):
+    import io
+    import os
+
+    from conformance import report as report_module
+
+    clock = iter([100.0, 110.0, 120.0, 140.0])
+    monkeypatch.setattr(report_module.time, "monotonic", lambda: next(clock))
+    stream = io.StringIO()
+    progress = report_module.Progress(stream)  # not a terminal: a line every 10%
+    progress(1, 4, "numpy case-a", 0)
+    progress(2, 4, "numpy case-b", 3)
+    progress(4, 4, "numpy case-d", 3)
+    assert stream.getvalue().splitlines() == [
+        "1/4 cases, 10.0s, ~30s left, 0 failing", "2/4 cases, 20.0s, ~20s left, 3 failing",
+        "4/4 cases, 40.0s, 3 failing"]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(report_module.time, "monotonic", lambda: 100.0)
+    monkeypatch.setattr(report_module.shutil, "get_terminal_size",
+                        lambda fallback: os.terminal_size((60, 20)))
+    terminal = Terminal()
+    report_module.Progress(terminal)(1, 300, "numpy " + "x" * 200, 1)
+    line = terminal.getvalue()
+    assert line.startswith("\r[") and len(line) == 1 + 59 and "1 failing" in line
