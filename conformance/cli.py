@@ -174,8 +174,10 @@ def _parser() -> argparse.ArgumentParser:
     exploring.add_argument("--time-budget", type=_positive, metavar="SECONDS",
                            help="stop judging new examples after this long")
     exploring.add_argument("--seed", type=int, default=0, help="the same seed, the same draws")
-    exploring.add_argument("--checks", nargs="+", default=[], metavar="FAMILY",
-                           help=f"check families (default all: {', '.join(CHECK_FAMILIES)})")
+    exploring.add_argument("--check", "--checks", dest="checks", action="extend", nargs="+",
+                           default=[], metavar="FAMILY",
+                           help=f"check family, repeatable, as in run (default all: "
+                                f"{', '.join(CHECK_FAMILIES)}); --checks is its old spelling")
     exploring.add_argument("--save-spec", type=Path,
                            help="append each shrunk failure to this regression spec")
     exploring.add_argument("--report-json", type=Path, help="write the findings here")

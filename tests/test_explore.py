@@ -107,7 +107,7 @@ def test_the_same_seed_draws_the_same_examples():
 def test_a_saved_regression_spec_replays_the_failure_through_run(tmp_path):
     spec, report = tmp_path / "regressions.toml", tmp_path / "explore.json"
     found = cli("explore", "--backend", "tests.planted:OddKvHeadRemainder", "--max-examples",
-                "150", "--checks", "oracle", "--save-spec", spec, "--report-json", report,
+                "150", "--check", "oracle", "--save-spec", spec, "--report-json", report,
                 "--database", tmp_path / "db")
     assert found.returncode == 1, found.stdout[-2000:] + found.stderr[-2000:]
     assert "[[family]]" in found.stdout and "rerun: python -m conformance run" in found.stdout
@@ -123,7 +123,7 @@ def test_a_saved_regression_spec_replays_the_failure_through_run(tmp_path):
 def test_saved_findings_of_a_bug_the_values_trigger_replay_every_one(tmp_path):
     spec, report = tmp_path / "regressions.toml", tmp_path / "explore.json"
     found = cli("explore", "--backend", "tests.planted:DropsTokenOnPositiveKey",
-                "--max-examples", "200", "--checks", "oracle", "--save-spec", spec,
+                "--max-examples", "200", "--check", "oracle", "--save-spec", spec,
                 "--report-json", report)
     assert found.returncode == 1, found.stdout[-2000:] + found.stderr[-2000:]
     findings = json.loads(report.read_text())["findings"]
@@ -143,7 +143,7 @@ def test_a_database_replays_earlier_findings_first_and_nothing_lands_in_the_curr
     db, here = tmp_path / "db", tmp_path / "here"
     here.mkdir()
     args = ("explore", "--backend", f"{ROOT / 'tests' / 'planted.py'}:OddKvHeadRemainder",
-            "--checks", "oracle", "--database", db)
+            "--check", "oracle", "--database", db)
     first = cli(*args, "--max-examples", "150", cwd=here)
     assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-2000:]
     saved = db / "bug-odd-kv-head-remainder.toml"
@@ -154,7 +154,7 @@ def test_a_database_replays_earlier_findings_first_and_nothing_lands_in_the_curr
     count = saved.read_text().count("[[family]]")
     assert f"replayed {count} saved finding(s) from {saved} first: {count} still fail" in \
         again.stdout
-    fixed = cli("explore", "--backend", "numpy", "--checks", "oracle", "--database", db,
+    fixed = cli("explore", "--backend", "numpy", "--check", "oracle", "--database", db,
                 "--max-examples", "1", cwd=here)
     assert fixed.returncode == 0  # another backend's findings are its own
     assert list(here.iterdir()) == []  # no .hypothesis/ where the user stands
