@@ -371,8 +371,9 @@ def test_a_hang_costs_one_timeout_per_case_under_pytest(tmp_path):
     xml = tmp_path / "r.xml"
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                    "conformance/test_conformance.py", "--backend", "tests.hostile:HangsInPython",
-                    "--profile", "smoke", "-k", "sinks", "--case-timeout", "8",
+                    "conformance/test_conformance.py", "--conformance-backend",
+                    "tests.hostile:HangsInPython", "--conformance-profile", "smoke", "-k", "sinks",
+                    "--conformance-case-timeout", "8",
                     f"--junitxml={xml}"], cwd=ROOT, capture_output=True, timeout=300)
     elapsed = time.monotonic() - started
     texts = [e.get("message", "") for e in ET.parse(xml).iter() if e.tag == "failure"]
