@@ -20,6 +20,9 @@
 #   bash benchmarks/gpu_session.sh fp8                 # issue 18: the ci and full fp8 families
 #        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run;
 #        carry .flashinfer/
+#   bash benchmarks/gpu_session.sh fp8-speed           # issue 18: the fp8 launch sweep (with the
+#        ways of reading fp8 tiles), the fp8 ci families on triton-splitkv compiled, and the gpu
+#        bench shapes (fp16 and e4m3) on triton-splitkv, flashinfer, flashinfer-tc in one run
 #   bash benchmarks/gpu_session.sh modifiers           # issue 19: the soft-cap, sink-logit,
 #        ALiBi and served-model families (ci, then the full served models) on the GPU
 #        backends, and the FlashInfer reproducers in docs/findings/
@@ -123,6 +126,33 @@ case "${1:-conformance}" in
       RUN_TIMEOUT=${RUN_TIMEOUT:-120} bash "$0" conformance )
     ( OUT=$OUT/bench BENCH_BACKENDS="triton-splitkv flashinfer flashinfer-tc" ROUNDS=3 \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-170} bash "$0" bench )
+    ;;
+  fp8-speed)
+    # FlashInfer JIT-compiles its bench modules (fp16 and e4m3, both paths, groups 4 and 8)
+    # on small problems while the sweep runs, so that its bench times kernels, not nvcc
+    timeout 300 python3 - > "$OUT/flashinfer-warm.log" 2>&1 <<'PY' &
+from backends.registry import resolve
+from conformance.problem import materialise, poisoned_outputs
+from conformance.spec import Case
+for name in ("flashinfer", "flashinfer-tc"):
+    backend = resolve(name)()
+    for hq, hkv in ((32, 8), (16, 2)):
+        for kv in (None, "float8_e4m3fn"):
+            problem = materialise(Case("warm", hq, hkv, 128, 16, "float16", (64,), kv_dtype=kv))
+            out, lse = poisoned_outputs(problem, 0.0)
+            backend.decode(problem, out, lse)
+            print(name, hq, hkv, kv, "compiled", flush=True)
+PY
+    warm=$!
+    timeout "${SWEEP_TIMEOUT:-200}" python3 benchmarks/sweep_splitkv.py --fp8 \
+      --out "$OUT/sweep-fp8.json" 2>&1 | tail -8
+    echo "sweep rc=$?"
+    wait "$warm"; echo "flashinfer warm-up rc=$?"; tail -3 "$OUT/flashinfer-warm.log"
+    mkdir -p "$OUT/bench"
+    for name in triton-splitkv flashinfer flashinfer-tc; do
+      timeout "${BENCH_TIMEOUT:-110}" python3 -m conformance bench --shapes gpu --rounds 2 \
+        --backend "$name" --report-json "$OUT/bench/$name.json" 2>&1 | tail -16
+    done
     ;;
   modifiers)
     gpu_backends="triton-splitkv triton-paged torch-flex torch-sdpa flashinfer flashinfer-tc"

@@ -45,8 +45,10 @@ kv, kv_scale, q8, mods = sys.argv[5], int(sys.argv[6]), sys.argv[7], sys.argv[8]
 t = PTR[dtype]
 k, q = PTR[kv if kv != "same" else dtype], PTR[q8 if q8 != "none" else dtype]
 block_d = max(16, triton.next_power_of_2(head_dim))
-config = splitkv_kernel.tile_config(head_dim)
+config = splitkv_kernel.tile_config(head_dim, kv != "same")
 flags = dict(KV_SCALE=kv_scale, Q_SCALED=q8 != "none")
+# fp8 tiles as words of four codes where the adapter's launch reads them so (fp8_words)
+words = config["fp8_words"] if dtype == "float16" and kv_scale == 1 else 0
 modifiers = dict(HAS_CAP=mods, HAS_ALIBI=mods)
 build(splitkv_kernel._splitkv_partial_kernel,
       {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
@@ -57,7 +59,8 @@ build(splitkv_kernel._splitkv_partial_kernel,
       dict(NUM_KV_HEADS=2, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
            HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_SIZE=16, BLOCK_N=config["BLOCK_N"],
            HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
-           DOT_DTYPE=DOT[dtype], **flags, **modifiers),
+           DOT_DTYPE=DOT[dtype], FP8_WORDS=words, E5M2=kv == "float8_e5m2", **flags,
+           **modifiers),
       num_stages=config["num_stages"])
 build(splitkv_kernel._combine_kernel,
       {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "out": t, "lse": "*fp32",
@@ -99,6 +102,7 @@ print("compiled")
     ("float32", 256, 1, "1", "same", 0, "none", "0"),
     ("float16", 64, 8, "1", "same", 0, "none", "1"),
     ("float16", 128, 4, "0", "float8_e4m3fn", 1, "none", "0"),
+    ("float16", 64, 8, "1", "float8_e5m2", 1, "float8_e4m3fn", "1"),
     ("bfloat16", 128, 8, "1", "float8_e5m2", 2, "float8_e4m3fn", "1"),
 ])
 def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods):

@@ -11,6 +11,11 @@ KV head) the codes go into ``tl.dot`` as they are (every e4m3/e5m2 value is exac
 and the scales are folded into the scores and the partial output; with per-token scales each
 tile is dequantized in float32 and rounded to the dot dtype. An fp8 query's scale is folded
 into the scores.
+
+Compiled, a float16 dot reads fp8 tiles as 32-bit words of four codes converted in registers
+(``FP8_WORDS``): loaded as fp8, the V tile went from shared memory into the ``tl.dot``
+operand layout one byte per instruction (sm_90 has no transposing ``ldmatrix`` for 8-bit
+data), 128 shared loads per thread per tile where a float16 tile takes 16.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ LOG2E_TL = tl.constexpr(LOG2E)
 # KV_SCALE: how the pages are read (host values; the kernels compare with the constexprs)
 UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
 PER_PROGRAM, PER_TOKEN = tl.constexpr(SCALE_PER_PROGRAM), tl.constexpr(SCALE_PER_TOKEN)
+# FP8_WORDS: which per-program-scaled fp8 tiles are read as words (host values, as above)
+WORDS_NONE, WORDS_V, WORDS_KV = 0, 1, 2
 
 
 @triton.jit
@@ -47,7 +54,8 @@ def _splitkv_partial_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, FP8_WORDS: tl.constexpr,
+    E5M2: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -86,15 +94,21 @@ def _splitkv_partial_kernel(
         token = (page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE) * NUM_KV_HEADS + kv_head
         kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
-        keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
-                       DOT_DTYPE)
+        if FP8_WORDS >= 2:
+            keys = read_words(k_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
+        else:
+            keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
+                           DOT_DTYPE)
         scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * score_scale
         scores = modified_scores(scores, position - (n - 1), slopes, cap_log2, HAS_CAP,
                                  HAS_ALIBI)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
-        values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
-                         DOT_DTYPE)
+        if FP8_WORDS >= 1:
+            values = read_words(v_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
+        else:
+            values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
+                             DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values,
                                             input_precision=DOT_PRECISION)
     if KV_SCALE == PER_PROGRAM:
@@ -105,6 +119,33 @@ def _splitkv_partial_kernel(
     tl.store(part_l + state, total, mask=row_mask)
     tl.store(part_acc + state[:, None] * HEAD_DIM + d[None, :], acc,
              mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def read_words(pages, token, valid, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+               E5M2: tl.constexpr):
+    """A ``(tokens, HEAD_DIM)`` float16 tile of fp8 codes, loaded as 32-bit words of four
+    codes and converted in registers (``cvt.rn.f16x2``: exact), so that the float16 tile,
+    not the codes, goes through shared memory into the ``tl.dot`` operand."""
+    w = tl.arange(0, HEAD_DIM // 4)
+    words = tl.load(pages.to(tl.pointer_type(tl.int32)) + token[:, None] * (HEAD_DIM // 4)
+                    + w[None, :], mask=valid[:, None], other=0)
+    if E5M2:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 x, y; mov.b32 {lo, hi}, $4; "
+            "cvt.rn.f16x2.e5m2x2 x, lo; cvt.rn.f16x2.e5m2x2 y, hi; "
+            "mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1)
+    else:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 x, y; mov.b32 {lo, hi}, $4; "
+            "cvt.rn.f16x2.e4m3x2 x, lo; cvt.rn.f16x2.e4m3x2 y, hi; "
+            "mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1)
+    # word j holds codes 4j..4j+3, low byte first
+    return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), (BLOCK_N, HEAD_DIM))
 
 
 @triton.jit
@@ -187,13 +228,25 @@ def scale_arguments(scales: Scales, placeholder) -> tuple[int, int, object, obje
             scales.v_scale)
 
 
+def fp8_words(scales: Scales, out, head_dim: int, words: int = WORDS_V) -> int:
+    """``FP8_WORDS`` for a launch: compiled (inline PTX: not under the interpreter), a
+    float16 dot, per-program scales and a power-of-two head_dim; else ``WORDS_NONE``."""
+    import torch
+
+    if (scales.kv_scale in (None, "per-token") or out.device.type != "cuda"
+            or out.dtype != torch.float16 or head_dim < 16 or head_dim & (head_dim - 1)):
+        return WORDS_NONE
+    return words
+
+
 def tile_config(head_dim: int, fp8: bool = False) -> dict:
     """Launch parameters: the best worst-case of a sweep on an H200 at head_dim 128
     (benchmarks/sweep_splitkv.py); smaller tiles for wider heads to bound registers. An fp8
     tile holds half the bytes: a third stage in flight was faster at all seven gpu shapes
     (3-10%; benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not."""
     block_n = 128 if head_dim <= 128 else 64
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2, "waves": 2}
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2, "waves": 2,
+            "fp8_words": WORDS_V}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
@@ -249,6 +302,8 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
         PAGE_SIZE=page_size, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=window is not None,
         DOT_PRECISION=precision, KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None,
         DOT_DTYPE=DOT_DTYPES[str(out.dtype)], HAS_CAP=modifiers.soft_cap is not None,
-        HAS_ALIBI=modifiers.alibi_slopes is not None, num_warps=config["num_warps"],
+        HAS_ALIBI=modifiers.alibi_slopes is not None,
+        FP8_WORDS=fp8_words(scales, out, head_dim, config["fp8_words"]),
+        E5M2=str(k_pages.dtype) == "torch.float8_e5m2", num_warps=config["num_warps"],
         num_stages=config["num_stages"])
     combine_splits(part_m, part_l, part_acc, out, lse, modifiers.sink_logits)
