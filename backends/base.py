@@ -30,6 +30,8 @@ FEATURES = {
     "soft_cap": "caps scaled scores as soft_cap * tanh(score / soft_cap)",
     "sink_logits": "adds exp(sink_logits[h]) to each query head's softmax denominator",
     "alibi": "adds alibi_slopes[h] * (key position - query position) to the scores",
+    "multi_token": "several query tokens per sequence (query_lens), causal among its drafts",
+    "draft_mask": "an explicit draft visibility matrix (draft_mask: trees, all-see-all)",
 }
 
 

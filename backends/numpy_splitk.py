@@ -4,8 +4,12 @@ It walks the block table page by page, keeps per-split partial states (running m
 denominator ``l``, accumulator ``acc``) in float32, packs the query heads of a GQA group
 into one tile, and combines the splits with a log-sum-exp merge; an fp8 cache is dequantized
 page by page on load. Its seams (``kv_head_map``, ``valid_tokens``, ``load_page``, ``page``,
-``codes``, ``page_scales``, ``query``, ``held_scores``, ``accumulator``, ``combine``,
-``store``) are where the suite's planted bugs go.
+``codes``, ``page_scales``, ``query``, ``query_view``, ``drafts_seen``, ``held_scores``,
+``accumulator``, ``combine``, ``store``) are where the suite's planted bugs go.
+
+Several query tokens per sequence are decoded row by row: each query row walks the tokens it
+may see (to its own position, or to the end of its sequence under a draft mask), with
+windows and ALiBi counted from its own position.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class NumpySplitK(Backend):
     description = "split-K paged decode in NumPy: float32 partial states, GQA-packed, LSE merge"
     capabilities = Capabilities(features=frozenset({"lse", "merge", "split_k", "sliding_window",
                                                     "sinks", "soft_cap", "sink_logits",
-                                                    "alibi"}),
+                                                    "alibi", "multi_token", "draft_mask"}),
                                 split_counts=(1, 3, 8), kv_dtypes=frozenset(FP8_DTYPES),
                                 kv_scales=frozenset(SCALE_MODES), q_dtypes=frozenset(FP8_DTYPES))
 
@@ -72,12 +76,28 @@ class NumpySplitK(Backend):
         """``(page_size or 1, kv_heads or 1)`` float32 scales of one page's tokens."""
         return scale[block] if scale.ndim == 3 else scale.reshape(1, -1)
 
-    def query(self, problem: Problem, b: int) -> np.ndarray:
-        """Row ``b``'s query heads as float32, times sm_scale (and an fp8 query's scale)."""
+    def query(self, problem: Problem, row: int) -> np.ndarray:
+        """Query row ``row``'s heads as float32, times sm_scale (and an fp8 query's scale)."""
         scale = F32(problem.sm_scale)
         if problem.q_scale is not None:
             scale = scale * problem.q_scale.astype(F32)[0]
-        return problem.q[b].astype(F32) * scale
+        return problem.q[row].astype(F32) * scale
+
+    def query_view(self, problem: Problem, row: int) -> tuple[int, int]:
+        """``(end, context_len)`` of query row ``row``: it walks tokens ``[0, end)``, and its
+        window and ALiBi count from ``context_len - 1``, its own position (one-token decode:
+        both the sequence's length)."""
+        b = int(problem.row_sequence[row])
+        position = int(problem.query_positions[row])
+        end = int(problem.context_lens[b]) if problem.draft_mask is not None else position + 1
+        return end, position + 1
+
+    def drafts_seen(self, problem: Problem, row: int) -> np.ndarray | None:
+        """Which drafts of its sequence row ``row`` sees, ``(query_len,)``; None: all it
+        walks (causal, or one query token)."""
+        if problem.draft_mask is None:
+            return None
+        return problem.draft_mask[row, :int(problem.row_lens[problem.row_sequence[row]])]
 
     def held_scores(self, scores: np.ndarray, problem: Problem) -> np.ndarray:
         """A page's scores as the softmax sees them: float32, as computed."""
@@ -130,18 +150,11 @@ class NumpySplitK(Backend):
     def decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
                num_splits: int | None = None) -> None:
         splits = num_splits or self.default_splits(problem)
-        hq, hkv, d, _ps = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim, \
-            problem.page_size
+        hq, hkv, d = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim
         order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
         heads = order.reshape(hkv, -1)  # the query heads of each KV head's tile
-        for b in range(problem.batch):
-            n = int(problem.context_lens[b])
-            q = self.query(problem, b)[order].reshape(hkv, -1, d)
-            split_len = math.ceil(n / splits)
-            partials = []
-            for s in range(splits):
-                start, end = s * split_len, min(n, (s + 1) * split_len)
-                partials.append(self.split_state(problem, b, q, start, end, n, heads))
+        for b in range(problem.tokens):  # query rows: one per sequence in one-token decode
+            partials = self.row_partials(problem, b, splits, heads)
             sink = self.sink_state(problem, heads)
             merged_out, merged_lse = self.combine(partials + ([sink] if sink else []))
             row = np.empty((hq, d), dtype=F32)
@@ -151,6 +164,16 @@ class NumpySplitK(Backend):
             out[b] = self.store(row, out.dtype)
             lse[b] = row_lse
 
+    def row_partials(self, problem: Problem, row: int, splits: int, heads: np.ndarray
+                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The partial states (m, l, acc) of query row ``row``'s splits, as a kernel's
+        split scratch holds them; ``heads`` ``(kv_heads, group)`` orders the tile."""
+        n, context_len = self.query_view(problem, row)
+        q = self.query(problem, row)[heads.reshape(-1)].reshape(*heads.shape, -1)
+        split_len = math.ceil(n / splits)
+        return [self.split_state(problem, row, q, s * split_len, min(n, (s + 1) * split_len),
+                                 context_len, heads) for s in range(splits)]
+
     def store(self, row: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The float32 result in the output dtype: rounded to nearest even, as a GPU kernel's
         conversion does."""
@@ -159,7 +182,8 @@ class NumpySplitK(Backend):
     def split_state(self, problem: Problem, b: int, q: np.ndarray, start: int, end: int,
                     context_len: int, heads: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Online softmax over the pages of one split: returns (m, l, acc)."""
+        """Online softmax of query row ``b`` over the pages of one split: returns (m, l,
+        acc)."""
         with np.errstate(over="ignore", invalid="ignore"):  # a kernel raises no FP traps
             return self._online_softmax(problem, b, q, start, end, context_len, heads)
 
@@ -167,13 +191,19 @@ class NumpySplitK(Backend):
                         context_len: int, heads: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ps = problem.page_size
+        sequence = int(problem.row_sequence[b])
+        seen = self.drafts_seen(problem, b)
+        first_draft = int(problem.context_lens[sequence]) - int(problem.row_lens[sequence])
         m = np.full(q.shape[:2], -np.inf, dtype=F32)
         total = np.zeros(q.shape[:2], dtype=F32)
         acc = np.zeros(q.shape, dtype=F32)
         for page in range(start // ps, math.ceil(end / ps) if end > start else start // ps):
             tokens = page * ps + np.arange(ps)
             valid = self.valid_tokens(tokens, start, end, problem, context_len)
-            loaded = self.load_page(problem, int(problem.block_table[b, page]), valid)
+            if seen is not None:
+                drafts = tokens >= first_draft
+                valid[drafts] &= seen[np.minimum(tokens[drafts] - first_draft, seen.size - 1)]
+            loaded = self.load_page(problem, int(problem.block_table[sequence, page]), valid)
             if loaded is None:
                 continue
             keys, values = loaded

@@ -28,7 +28,7 @@ from conformance.dtypes import (
     quantize,
 )
 from conformance.spec import GARBAGE_CHUNK, Case  # at most this many garbage elements drawn
-from references import alibi_slopes, kept_tokens
+from references import alibi_slopes, kept_tokens, tree_visibility
 
 # Output poisons: a first run sees NaN, a second run a finite value no real output takes.
 POISONS = (float("nan"), -12288.0)
@@ -44,7 +44,8 @@ SPREAD = 1000.0  # kv_scaling "spread": the last KV head's values are this much 
 class Problem:
     """The canonical decode problem every adapter receives (docs/design.md §3)."""
 
-    q: np.ndarray  # (batch, num_qo_heads, head_dim), case dtype
+    q: np.ndarray  # (tokens, num_qo_heads, head_dim), case dtype: tokens = batch unless
+    # query_lens says more
     k_pages: np.ndarray  # (num_pages, page_size, num_kv_heads, head_dim), case dtype
     v_pages: np.ndarray  # same shape as k_pages
     block_table: np.ndarray  # (batch, max_blocks) int32, -1 where unallocated
@@ -66,10 +67,60 @@ class Problem:
     soft_cap: float | None = None
     sink_logits: np.ndarray | None = None
     alibi_slopes: np.ndarray | None = None
+    # Several query tokens per sequence: q packs query_lens[b] rows for sequence b, its last
+    # positions (a context length counts its drafts). draft_mask (tokens, max query_len) bool:
+    # row r sees draft j of its sequence; None: causal (draft t sees drafts 0..t).
+    query_lens: np.ndarray | None = None
+    draft_mask: np.ndarray | None = None
 
     @property
     def batch(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def tokens(self) -> int:
+        """Query tokens (rows of q, of the output and of the LSE)."""
         return self.q.shape[0]
+
+    @property
+    def row_lens(self) -> np.ndarray:
+        """Query tokens per sequence (ones for one-token decode)."""
+        if self.query_lens is None:
+            return np.ones(self.batch, dtype=np.int64)
+        return self.query_lens.astype(np.int64)
+
+    @property
+    def row_sequence(self) -> np.ndarray:
+        """``(tokens,)``: the sequence of each query row."""
+        return np.repeat(np.arange(self.batch), self.row_lens)
+
+    @property
+    def query_positions(self) -> np.ndarray:
+        """``(tokens,)``: the context position of each query row."""
+        lens = self.row_lens
+        starts = np.repeat(np.cumsum(lens) - lens, lens)
+        draft = np.arange(self.tokens) - starts
+        return np.repeat(self.context_lens.astype(np.int64) - lens, lens) + draft
+
+    @property
+    def query_start(self) -> np.ndarray:
+        """``(batch + 1,)`` int32: sequence b's query rows are ``query_start[b]`` up to
+        ``query_start[b + 1]`` (the index pointer of the packed layout)."""
+        return np.concatenate([[0], np.cumsum(self.row_lens)]).astype(np.int32)
+
+    def padded_rows(self) -> np.ndarray:
+        """``(batch, longest query_len)``: the packed row of each sequence's draft t, -1
+        past its length (for adapters whose kernel takes queries padded per sequence)."""
+        lens = self.row_lens
+        draft = np.arange(int(lens.max(initial=1)))
+        rows = self.query_start[:-1, None] + draft[None, :]
+        return np.where(draft[None, :] < lens[:, None], rows, -1)
+
+    def rows_of(self, sequences: list[int]) -> list[int]:
+        """The query rows of the given sequences, in their order."""
+        lens = self.row_lens
+        starts = np.cumsum(lens) - lens
+        return [int(starts[b]) + t for b in sequences for t in range(int(lens[b]))]
 
     @property
     def num_qo_heads(self) -> int:
@@ -97,13 +148,19 @@ class Problem:
         return np.dtype(self.out_dtype) if self.out_dtype is not None else self.q.dtype
 
     def kept(self, row: int) -> np.ndarray:
-        """Positions of row ``row`` that take part in attention."""
-        return kept_tokens(int(self.context_lens[row]), self.window, self.sinks)
+        """Positions that query row ``row`` attends to."""
+        b = int(self.row_sequence[row])
+        query_len = int(self.row_lens[b])
+        draft = int(row - (np.sum(self.row_lens[:b])))
+        seen = None if self.draft_mask is None else self.draft_mask[row, :query_len]
+        return kept_tokens(int(self.context_lens[b]), self.window, self.sinks, query_len, draft,
+                           seen)
 
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {"q": self.q, "k_pages": self.k_pages, "v_pages": self.v_pages,
                   "block_table": self.block_table, "context_lens": self.context_lens}
-        for name in ("k_scale", "v_scale", "q_scale", "sink_logits", "alibi_slopes"):
+        for name in ("k_scale", "v_scale", "q_scale", "sink_logits", "alibi_slopes",
+                     "query_lens", "draft_mask"):
             if getattr(self, name) is not None:
                 arrays[name] = getattr(self, name)
         return arrays
@@ -160,7 +217,7 @@ def fit_scales(amax: np.ndarray, kv_dtype: str, scaling: str, jitter: float) -> 
 class LogicalKV:
     """What each sequence holds, independent of paging: the values a layout places."""
 
-    q: np.ndarray  # (batch, num_qo_heads, head_dim): the case dtype, or fp8 codes
+    q: np.ndarray  # (tokens, num_qo_heads, head_dim): the case dtype, or fp8 codes
     keys: tuple[np.ndarray, ...]  # per sequence (context_len, num_kv_heads, head_dim), stored
     values: tuple[np.ndarray, ...]
     sm_scale: float
@@ -180,10 +237,43 @@ class LogicalKV:
     # own page geometry): the page count follows the layout's page size and heads, so flat
     # offsets past an index width stay past it and no re-layout grows the memory.
     pool_elements: int = 0
+    # Several query tokens per sequence, as in Problem: q packs query_lens[b] rows for
+    # sequence b; draft_masks[b] its (query_len, query_len) visibility, or None (causal).
+    query_lens: tuple[int, ...] | None = None
+    draft_masks: tuple[np.ndarray, ...] | None = None
 
     @property
     def context_lens(self) -> list[int]:
         return [k.shape[0] for k in self.keys]
+
+    @property
+    def row_lens(self) -> list[int]:
+        return list(self.query_lens) if self.query_lens is not None else [1] * len(self.keys)
+
+    def query_rows(self, b: int) -> slice:
+        """Sequence ``b``'s rows of ``q``."""
+        lens = self.row_lens
+        start = sum(lens[:b])
+        return slice(start, start + lens[b])
+
+    def attended(self, b: int) -> np.ndarray:
+        """The positions of sequence ``b`` that any of its query tokens attends to."""
+        n, query_len = self.context_lens[b], self.row_lens[b]
+        masks = self.draft_masks[b] if self.draft_masks is not None else None
+        return np.unique(np.concatenate([kept_tokens(
+            n, self.window, self.sinks, query_len, t, None if masks is None else masks[t])
+            for t in range(query_len)])).astype(np.int64)
+
+    def per_token(self, lengths: list[int] | None = None) -> LogicalKV:
+        """One sequence per query row, holding the first ``lengths[r]`` tokens (all by
+        default) of row ``r``'s sequence: one-token decode of each draft."""
+        if self.query_lens is None and lengths is None:
+            return self
+        sequence = [b for b, n in enumerate(self.row_lens) for _ in range(n)]
+        lengths = lengths or [self.context_lens[b] for b in sequence]
+        return replace(self, query_lens=None, draft_masks=None, **self._per_sequence(
+            lambda entries: tuple(entries[b][:n] for b, n in zip(sequence, lengths,
+                                                                 strict=True))))
 
     def lay_out(self, page_size: int, layout_seed: int, table_padding: int = 3,
                 shared_pages: int = 0, masked: str = "garbage") -> Problem:
@@ -204,9 +294,9 @@ class LogicalKV:
         max_blocks = max(logical_pages, default=0) + table_padding
         table = np.full((len(lens), max(max_blocks, 1)), -1, dtype=np.int32)
         needed: list[list[bool]] = []
-        for n in lens:
+        for b, n in enumerate(lens):
             used = np.zeros(math.ceil(n / page_size), dtype=bool)
-            used[kept_tokens(n, self.window, self.sinks) // page_size] = True
+            used[self.attended(b) // page_size] = True
             needed.append(used.tolist())
         sharing = shared_pages if len(lens) > 1 and lens[0] >= shared_pages * page_size else 0
         owners: list[tuple[int, int]] = []
@@ -247,8 +337,8 @@ class LogicalKV:
         elif quant is not None:
             k_scale = quant.k_head[:1 if quant.mode == "per-tensor" else None].copy()
             v_scale = quant.v_head[:1 if quant.mode == "per-tensor" else None].copy()
-        for b, n in enumerate(lens):
-            positions = kept_tokens(n, self.window, self.sinks)
+        for b in range(len(lens)):
+            positions = self.attended(b)
             pages, slots = table[b, positions // page_size], positions % page_size
             k_pages[pages, slots] = self.keys[b][positions]
             v_pages[pages, slots] = self.values[b][positions]
@@ -262,7 +352,22 @@ class LogicalKV:
                        v_scale=v_scale,
                        q_scale=None if self.q_scale is None else self.q_scale.copy(),
                        out_dtype=self.out_dtype, soft_cap=self.soft_cap,
-                       sink_logits=_copy(self.sink_logits), alibi_slopes=_copy(self.alibi_slopes))
+                       sink_logits=_copy(self.sink_logits), alibi_slopes=_copy(self.alibi_slopes),
+                       **self._query_arrays())
+
+    def _query_arrays(self) -> dict:
+        """``query_lens`` and ``draft_mask`` as the problem holds them."""
+        if self.query_lens is None:
+            return {}
+        arrays = {"query_lens": np.asarray(self.query_lens, dtype=np.int32)}
+        if self.draft_masks is not None:
+            mask = np.zeros((sum(self.query_lens), max(self.query_lens)), dtype=bool)
+            row = 0
+            for seen in self.draft_masks:
+                mask[row:row + len(seen), :len(seen)] = seen
+                row += len(seen)
+            arrays["draft_mask"] = mask
+        return arrays
 
     def _per_sequence(self, pick) -> dict:
         """The per-sequence fields, each sequence's entry replaced by ``pick(entries)``."""
@@ -272,12 +377,21 @@ class LogicalKV:
         return {name: pick(entries) for name, entries in fields.items()}
 
     def select(self, rows: list[int]) -> LogicalKV:
-        """The same sequences in another order or subset."""
-        return replace(self, q=self.q[rows],
+        """The same sequences in another order or subset (with their query rows)."""
+        queries = {}
+        if self.query_lens is not None:
+            queries["query_lens"] = tuple(self.query_lens[r] for r in rows)
+        if self.draft_masks is not None:
+            queries["draft_masks"] = tuple(self.draft_masks[r] for r in rows)
+        q = np.concatenate([self.q[self.query_rows(r)] for r in rows]) if rows else self.q[:0]
+        return replace(self, q=q, **queries,
                        **self._per_sequence(lambda entries: tuple(entries[r] for r in rows)))
 
     def take(self, tokens: list[np.ndarray]) -> LogicalKV:
-        """Of each sequence, only the given token positions (scales travel with them)."""
+        """Of each sequence, only the given token positions (scales travel with them); one
+        query token per sequence (``per_token`` first)."""
+        if self.query_lens is not None:
+            raise ValueError("take: several query tokens per sequence; per_token() first")
         return replace(self, **self._per_sequence(lambda entries: tuple(
             entry[t] for entry, t in zip(entries, tokens, strict=True))))
 
@@ -311,16 +425,26 @@ class LogicalKV:
         """One new sequence of ``n`` standard-normal tokens (and query), stored as this one
         stores its own: in its dtype, or quantized with its scales."""
         q = rng.standard_normal(self.q.shape[1:])
+        n = max(n, 1) if self.query_lens is not None else n  # a query token is a position
         keys = rng.standard_normal((n, *self.keys[0].shape[1:]))
         values = rng.standard_normal((n, *self.keys[0].shape[1:]))
-        return stored(replace(self, q=q[None], keys=(keys,), values=(values,)),
+        queries = {"query_lens": None if self.query_lens is None else (1,),
+                   "draft_masks": None if self.draft_masks is None else (np.ones((1, 1), bool),)}
+        return stored(replace(self, q=q[None], keys=(keys,), values=(values,), **queries),
                       self.keys[0].dtype, self.q.dtype)
 
     @classmethod
     def concat(cls, parts: list[LogicalKV]) -> LogicalKV:
         """Sequences of several logical caches stored alike, one batch."""
         first = parts[0]
-        return replace(first, q=np.concatenate([p.q for p in parts]), **{
+        queries = {}
+        if any(p.query_lens is not None for p in parts):
+            queries["query_lens"] = tuple(n for p in parts for n in p.row_lens)
+        if any(p.draft_masks is not None for p in parts):
+            queries["draft_masks"] = tuple(
+                m for p in parts for m in (p.draft_masks if p.draft_masks is not None else
+                                           [np.tri(n, dtype=bool) for n in p.row_lens]))
+        return replace(first, q=np.concatenate([p.q for p in parts]), **queries, **{
             name: tuple(e for p in parts for e in p._per_sequence(lambda x: x)[name])
             for name in first._per_sequence(lambda x: x)})
 
@@ -387,7 +511,8 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
     rng = np.random.default_rng(case.seed)
     dtype = numpy_dtype(case.dtype)
     hq, hkv, d, g = case.num_qo_heads, case.num_kv_heads, case.head_dim, case.group_size
-    q = rng.standard_normal((case.batch, hq, d))
+    q = rng.standard_normal((case.tokens, hq, d))
+    rows = np.repeat(np.arange(case.batch), case.query_lens or 1)  # each query row's sequence
     keys = [rng.standard_normal((n, hkv, d), dtype=np.float32) for n in case.context_lens]
     values = [rng.standard_normal((n, hkv, d), dtype=np.float32) for n in case.context_lens]
     if case.distribution == "uniform":
@@ -405,7 +530,7 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
     elif case.distribution in ("peaked", "very-negative"):
         direction = rng.standard_normal((case.batch, hkv, d))
         direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
-        grouped = np.repeat(direction, g, axis=1)  # (batch, hq, d)
+        grouped = np.repeat(direction, g, axis=1)[rows]  # (tokens, hq, d)
         if case.distribution == "peaked":
             q = grouped * math.sqrt(d) + 0.3 * q
             for b, n in enumerate(case.context_lens):
@@ -418,6 +543,8 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
             magnitude = math.sqrt(1e5 / case.scale)  # scores ~ -1e5
             q = magnitude * grouped + q
             keys = [-magnitude * direction[b] + k for b, k in enumerate(keys)]
+    if case.query_lens is not None and case.distribution == "normal":
+        q = separate_drafts(case, q, keys, values, rows)
     if case.shared_pages and case.context_lens[0] >= case.shared_pages * case.page_size:
         prefix = case.shared_pages * case.page_size
         for b in range(1, case.batch):
@@ -433,10 +560,56 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
     logical = LogicalKV(q=q, keys=tuple(keys), values=tuple(values), sm_scale=case.scale,
                         window=case.window, sinks=case.sinks,
                         pool_elements=case.pool_pages * case.page_size * hkv * d,
-                        **score_modifiers(case))
+                        **score_modifiers(case), **draft_masks(case))
     if (case.kv_dtype is None and case.q_dtype is None) or not quantized:
         return stored(logical, dtype, dtype)
     return quantize_case(case, logical, rng)
+
+
+DRAFT_SCORE = 6.0  # the scaled score every query token of a sequence gives its drafts
+DRAFT_VALUE = 3.0  # magnitude of a draft's value entries (signs drawn per draft)
+
+
+def separate_drafts(case: Case, q: np.ndarray, keys: list[np.ndarray],
+                    values: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Inputs that tell draft masks apart: every query token of a sequence scores each of
+    its drafts about ``DRAFT_SCORE`` (a shared direction per KV head in the queries and the
+    draft keys) and each draft's value is a vector of +-``DRAFT_VALUE`` of its own, so a
+    query token that attends a draft its mask forbids (or misses one it may see) moves its
+    output by ~1, far past every budget; the context keeps ~a fifth of the weight, so a
+    wrong context is seen too. Drawn from a stream of their own; returns the new queries."""
+    rng = np.random.default_rng([case.seed, 21])
+    hkv, d, g = case.num_kv_heads, case.head_dim, case.group_size
+    direction = rng.standard_normal((case.batch, hkv, d))
+    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+    along = math.sqrt(d) / 2
+    q = q + along * np.repeat(direction, g, axis=1)[rows]
+    for b, (n, query_len) in enumerate(zip(case.context_lens, case.query_lens, strict=True)):
+        first = n - query_len
+        noise = 0.3 * rng.standard_normal((query_len, hkv, d))
+        keys[b][first:] = DRAFT_SCORE / (along * case.scale) * direction[b] + noise
+        signs = np.where(rng.random((query_len, hkv, d)) < 0.5, -1.0, 1.0)
+        values[b][first:] = DRAFT_VALUE * signs
+    return q
+
+
+def draft_masks(case: Case) -> dict:
+    """The case's query lengths and, for masks given as matrices, each sequence's draft
+    visibility (a tree's parents drawn from a stream of their own)."""
+    if case.query_lens is None:
+        return {}
+    if case.mask == "causal":
+        return {"query_lens": case.query_lens}
+    rng = np.random.default_rng([case.seed, 20])
+    masks = []
+    for n in case.query_lens:
+        if case.mask == "all":
+            masks.append(np.ones((n, n), dtype=bool))
+            continue
+        parents = np.arange(n) - 1 if case.mask == "chain" else np.array(
+            [int(rng.integers(-1, i)) if i else -1 for i in range(n)])
+        masks.append(tree_visibility(parents))
+    return {"query_lens": case.query_lens, "draft_masks": tuple(masks)}
 
 
 def score_modifiers(case: Case) -> dict:

@@ -74,6 +74,18 @@ SINK_LOGITS = {
 }
 
 
+# Which drafts a query token sees, with several query tokens per sequence (``query_lens``).
+DRAFT_MASKS = {
+    "causal": "draft t sees the context and drafts 0..t; the kernel is given no matrix",
+    "tree": "a random draft tree per sequence (drawn from the seed): draft t sees itself and "
+            "its ancestors, given as a visibility matrix",
+    "chain": "the visibility matrix of a chain (draft t's parent is t-1): causal, given as a "
+             "matrix",
+    "all": "every draft sees every draft of its sequence, later ones too, given as a matrix",
+}
+MAX_QUERY_LEN = 64
+
+
 class SpecError(ValueError):
     """A spec entry that cannot become a case; the message names the entry and the field."""
 
@@ -104,6 +116,8 @@ class Case:
     soft_cap: float | None = None  # scores become cap * tanh(score / cap) (Gemma 2)
     sink_logits: str | tuple[float, ...] | None = None  # SINK_LOGITS, or one per query head
     alibi: bool | tuple[float, ...] = False  # True: the standard slopes; or one per query head
+    query_lens: tuple[int, ...] | None = None  # query tokens per sequence (its last positions)
+    mask: str = "causal"  # with query_lens: which drafts each query token sees (DRAFT_MASKS)
     tag: str = ""
     fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
@@ -120,6 +134,12 @@ class Case:
                 shape += f"-{self.kv_scaling}"
         ctx = self.batch_label or "[" + ",".join(map(str, self.context_lens)) + "]"
         detail = f"ctx{ctx}"
+        if self.query_lens is not None:
+            same = len(set(self.query_lens)) == 1 and self.batch_label
+            detail += f"-qlen{self.query_lens[0]}" if same else \
+                "-qlen[" + ",".join(map(str, self.query_lens)) + "]"
+            if self.mask != Case.mask:
+                detail += f"-{self.mask}"
         if self.window is not None:
             detail += f"-window{self.window}"
             if self.sinks:
@@ -162,6 +182,11 @@ class Case:
         return self.num_qo_heads // self.num_kv_heads
 
     @property
+    def tokens(self) -> int:
+        """Query tokens over the batch: one per sequence unless ``query_lens`` says more."""
+        return sum(self.query_lens) if self.query_lens is not None else self.batch
+
+    @property
     def scale(self) -> float:
         return self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
@@ -183,7 +208,7 @@ class Case:
             pool += 2 * 3 * 4 * tokens * self.num_kv_heads
         logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
         kept = 2 * sum(self.context_lens) * self.num_qo_heads * self.head_dim * 8
-        rows = self.batch * self.num_qo_heads
+        rows = self.tokens * self.num_qo_heads
         queries = rows * self.head_dim * (8 + item) * 4 + rows * 4 * 4  # q, outs; LSEs
         table = self.batch * (pages + self.table_padding) * 4
         return pool + logical + kept + queries + table
@@ -198,7 +223,10 @@ class Case:
             needed.add("sinks")
         for feature, present in (("soft_cap", self.soft_cap is not None),
                                  ("sink_logits", self.sink_logits is not None),
-                                 ("alibi", bool(self.alibi))):
+                                 ("alibi", bool(self.alibi)),
+                                 ("multi_token", self.query_lens is not None),
+                                 ("draft_mask", self.query_lens is not None
+                                  and self.mask != "causal")):
             if present:
                 needed.add(feature)
         return frozenset(needed)
@@ -244,7 +272,8 @@ _CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtyp
                                                    "fixed_seed", "kv_dtype", "q_dtype"}) | {"seed"}
 _CROSSED = {"dtypes": ("dtype", DTYPES), "kv_dtypes": ("kv_dtype", FP8_DTYPES),
             "q_dtypes": ("q_dtype", FP8_DTYPES)}  # lists every case is crossed with
-_NAMED = {"distribution": DISTRIBUTIONS, "kv_scale": SCALE_MODES, "kv_scaling": KV_SCALINGS}
+_NAMED = {"distribution": DISTRIBUTIONS, "kv_scale": SCALE_MODES, "kv_scaling": KV_SCALINGS,
+          "mask": DRAFT_MASKS}
 _PER_HEAD = ("sink_logits", "alibi")  # a name or a flag, or one float per query head
 _FIELD_NAMES = sorted(_CASE_FIELDS | set(_CROSSED))
 _FAMILY_KEYS = {"name", "doc", "profiles", "set", "grid", "variants"}
@@ -300,6 +329,8 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
             kwargs[name] = float(value)
         elif name in _PER_HEAD:
             kwargs[name] = _per_head(where, name, value)
+        elif name == "query_lens":
+            kwargs[name] = value  # checked against context_lens below
         elif name in ("tag", *_NAMED):
             if not isinstance(value, str):
                 raise SpecError(f"{where}: field {name!r} must be a string, got {value!r}")
@@ -318,6 +349,11 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
         if isinstance(value, tuple) and len(value) != kwargs["num_qo_heads"]:
             raise SpecError(f"{where}: field {name!r} lists {len(value)} values for "
                             f"num_qo_heads={kwargs['num_qo_heads']}: one per query head")
+    if "query_lens" in kwargs:
+        kwargs["query_lens"] = _query_lens(where, kwargs["query_lens"], kwargs["context_lens"])
+    elif "mask" in kwargs:
+        raise SpecError(f"{where}: field 'mask' needs 'query_lens' (it says which drafts each "
+                        f"of several query tokens sees)")
     for name in ("kv_scale", "kv_scaling"):
         if name in kwargs and kv_dtype is None:
             raise SpecError(f"{where}: field {name!r} needs 'kv_dtypes' (scales belong to a "
@@ -331,6 +367,25 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
     if kwargs.get("shared_pages") and len(kwargs["context_lens"]) < 2:
         raise SpecError(f"{where}: field 'shared_pages' needs a batch of at least 2")
     return Case(family=family, dtype=dtype, **kwargs)
+
+
+def _query_lens(where: str, value: Any, context_lens: tuple[int, ...]) -> tuple[int, ...]:
+    """One query length per sequence (an integer: the same for all), 1..MAX_QUERY_LEN, none
+    longer than its context: a context counts its draft tokens."""
+    lens = [value] * len(context_lens) if isinstance(value, int) and not isinstance(
+        value, bool) else value
+    if not isinstance(lens, list) or len(lens) != len(context_lens):
+        raise SpecError(f"{where}: field 'query_lens' must be an integer or a list of one per "
+                        f"sequence ({len(context_lens)}), got {value!r}")
+    for b, (q, n) in enumerate(zip(lens, context_lens, strict=True)):
+        _int(where, "query_lens", q, 1)
+        if q > MAX_QUERY_LEN:
+            raise SpecError(f"{where}: field 'query_lens' is {q} for sequence {b}; at most "
+                            f"{MAX_QUERY_LEN}")
+        if q > n:
+            raise SpecError(f"{where}: field 'query_lens' is {q} for sequence {b}, longer than "
+                            f"its context of {n} (a context length counts its drafts)")
+    return tuple(lens)
 
 
 def _per_head(where: str, name: str, value: Any) -> Any:

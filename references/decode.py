@@ -101,14 +101,15 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      sink_logits: np.ndarray | None = None,
                      alibi_slopes: np.ndarray | None = None, lse_includes_sink: bool = True,
                      query_lens: np.ndarray | None = None,
-                     draft_masks: list[np.ndarray | None] | None = None,
+                     draft_mask: np.ndarray | None = None,
                      precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
     """Attention output ``(tokens, heads_qo, dim)`` and natural-log LSE ``(tokens, heads_qo)``.
 
     ``q`` holds the query tokens packed sequence by sequence: ``query_lens[b]`` (one each when
     None) rows for sequence ``b``, the last positions of its context, so that ``tokens`` is
-    the batch for one-token decode. ``draft_masks[b]`` is that sequence's ``(query_len,
-    query_len)`` visibility (``tree_visibility``), None for causal; see ``kept_tokens``.
+    the batch for one-token decode. ``draft_mask`` ``(tokens, max query_len)`` says which
+    drafts of its sequence each query row sees (its first ``query_len`` entries: a row of
+    ``tree_visibility``), None for causal; see ``kept_tokens``.
 
     A quantized cache (fp8 codes in the pages, ``k_scale``/``v_scale`` as in
     ``token_scales``) and an fp8 query (``q_scale``, shape ``(1,)``) are read as the values
@@ -148,10 +149,9 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     row = 0
     for b in range(batch):
         n, query_len = int(context_lens[b]), int(query_lens[b])
-        mask = None if draft_masks is None else draft_masks[b]
         for t in range(query_len):
             positions = kept_tokens(n, window, sinks, query_len, t,
-                                    None if mask is None else mask[t])
+                                    None if draft_mask is None else draft_mask[row, :query_len])
             if positions.size == 0:
                 lse[row] = modifiers.empty_lse(num_qo_heads)
             else:

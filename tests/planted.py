@@ -567,6 +567,89 @@ class AlibiFromFirstToken(NumpySplitK):
         return super().modified_scores(scores, tokens, problem, 1, heads)
 
 
+class CausalOffByOne(NumpySplitK):
+    """Draft t of a causal batch sees drafts 0..t+1: the mask compares with ``<=`` one token
+    too far."""
+
+    name = "bug-causal-off-by-one"
+
+    def query_view(self, problem, row):
+        end, context_len = super().query_view(problem, row)
+        if problem.query_lens is None or problem.draft_mask is not None:
+            return end, context_len
+        b = int(problem.row_sequence[row])
+        return min(end + 1, int(problem.context_lens[b])), context_len
+
+
+class TreeMaskTransposed(NumpySplitK):
+    """Reads the draft-visibility matrix by column: draft t sees the drafts that see it."""
+
+    name = "bug-tree-mask-transposed"
+
+    def drafts_seen(self, problem, row):
+        if problem.draft_mask is None:
+            return None
+        b = int(problem.row_sequence[row])
+        first = problem.rows_of([b])[0]
+        query_len = int(problem.row_lens[b])
+        return problem.draft_mask[first:first + query_len, row - first]
+
+
+class MaskTakenAsCausal(NumpySplitK):
+    """Ignores the visibility matrix and applies the causal mask (an upstream fp8 kernel with
+    the causal mask compiled in): a full mask answers causal, a tree sees its siblings."""
+
+    name = "bug-mask-taken-as-causal"
+
+    def query_view(self, problem, row):
+        return super().query_view(replace(problem, draft_mask=None), row)
+
+    def drafts_seen(self, problem, row):
+        return None
+
+
+class LastTokenOnly(NumpySplitK):
+    """Computes one row per sequence, its last query token's (which sees all its drafts), and
+    writes it to every query row of the sequence: no causal mask (an upstream tensor-core
+    decode with ``q_len_per_req > 1``)."""
+
+    name = "bug-last-token-only"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        super().decode(problem, out, lse, num_splits=num_splits)
+        last = np.cumsum(problem.row_lens) - 1
+        out[...], lse[...] = out[last[problem.row_sequence]], lse[last[problem.row_sequence]]
+
+
+class RaggedRowsSwapped(NumpySplitK):
+    """Finds a sequence's query rows at ``b * max(query_lens)`` as if the queries were padded
+    to the longest, though they are packed: with ragged lengths, sequences read their
+    neighbours' query tokens (wrapping past the last row)."""
+
+    name = "bug-ragged-rows-swapped"
+
+    def query(self, problem, row):
+        if problem.query_lens is None:
+            return super().query(problem, row)
+        b = int(problem.row_sequence[row])
+        draft = row - problem.rows_of([b])[0]
+        padded = (b * int(problem.query_lens.max()) + draft) % problem.tokens
+        return super().query(problem, padded)
+
+
+class SplitScratchShared(NumpySplitK):
+    """Indexes the split-K scratch by sequence, not by query row: every query token of a
+    sequence writes the same slots, and each one's combine reads what the last wrote. One
+    split writes no scratch, so it is right there."""
+
+    name = "bug-split-scratch-shared"
+
+    def row_partials(self, problem, row, splits, heads):
+        if problem.query_lens is not None and splits > 1:
+            row = int(np.cumsum(problem.row_lens)[problem.row_sequence[row]] - 1)
+        return super().row_partials(problem, row, splits, heads)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -617,6 +700,14 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (SinkLogitsIgnored, "oracle/output"),
     (AlibiSlopesReversed, "oracle/output"),
     (AlibiFromFirstToken, "oracle/lse"),
+    (CausalOffByOne, "oracle/output"),
+    (TreeMaskTransposed, "oracle/output"),
+    (MaskTakenAsCausal, "oracle/output"),
+    (LastTokenOnly, "oracle/output"),
+    (LastTokenOnly, "invariance/drafts-alone"),
+    (RaggedRowsSwapped, "oracle/output"),
+    (RaggedRowsSwapped, "invariance/sub-batches"),
+    (SplitScratchShared, "invariance/split-count-1"),
 ]
 
 
@@ -785,7 +876,8 @@ class Float64Reference(NumpySplitK):
             problem.context_lens, sm_scale=problem.sm_scale, window=problem.window,
             sinks=problem.sinks, k_scale=problem.k_scale, v_scale=problem.v_scale,
             q_scale=problem.q_scale, soft_cap=problem.soft_cap,
-            sink_logits=problem.sink_logits, alibi_slopes=problem.alibi_slopes)
+            sink_logits=problem.sink_logits, alibi_slopes=problem.alibi_slopes,
+            query_lens=problem.query_lens, draft_mask=problem.draft_mask)
         out[...] = got_out.astype(out.dtype)
         lse[...] = got_lse.astype(np.float32)
 

@@ -188,17 +188,18 @@ def test_summary_tabulates_saved_reports_with_their_findings(tmp_path):
     assert lines[0].startswith("| backend | machine | profile | cases claimed")
     bug = next(line for line in lines if line.startswith("| bug-window-off-by-one"))
     cells = [c.strip() for c in bug.strip("|").split("|")]
-    assert cells[1] == "laptop, cpu" and cells[2] == "smoke" and cells[3] == "16"
+    smoke = str(len(default_spec().cases("smoke")))
+    assert cells[1] == "laptop, cpu" and cells[2] == "smoke" and cells[3] == smoke
     assert int(cells[5]) > 0 and cells[7] == "0" and cells[8] == "0"  # known failures only
     assert cells[9] == "[off-by-one](docs/findings/off-by-one.md)"
-    assert any(line.startswith("| numpy | laptop, cpu | smoke | 16 |") for line in lines)
+    assert any(line.startswith(f"| numpy | laptop, cpu | smoke | {smoke} |") for line in lines)
     missing = cli("summary", f"{plain}@nope")
     assert missing.returncode == 2 and "has no backend 'nope'" in missing.stderr
 
 
 def test_gpu_only_backends_are_unavailable_on_a_cpu_with_their_reason():
     result = cli("backends")
-    for name in ("flashinfer", "flashinfer-tc"):
+    for name in ("flashinfer", "flashinfer-tc", "flashinfer-prefill"):
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"{name}:"))
         # no GPU here (or no torch at all, as in `tox -e tests`): unavailable, saying why
         assert line.startswith(f"{name}: unavailable: ") and (

@@ -32,10 +32,10 @@ def denoted(problem):
 
 
 def slot_roles(problem):
-    """Per physical slot: True if some sequence reads it."""
+    """Per physical slot: True if some query row reads it."""
     read = np.zeros(problem.k_pages.shape[:2], dtype=bool)
-    for b in range(problem.batch):
-        kept = problem.kept(b)
+    for row, b in enumerate(problem.row_sequence):
+        kept = problem.kept(row)
         read[problem.block_table[b, kept // problem.page_size], kept % problem.page_size] = True
     return read
 

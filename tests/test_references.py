@@ -98,7 +98,7 @@ def test_several_query_tokens_match_brute_force(lens, query_lens, parents, windo
         None if p is None else np.ones((m, m), bool) if p == "all" else tree_visibility(p)
         for p, m in zip(parents, query_lens, strict=True)]
     got = decode_reference(q, k, v, table, ctx, sm_scale=0.37, window=window, sinks=sinks,
-                           query_lens=np.array(query_lens), draft_masks=masks)
+                           query_lens=np.array(query_lens), draft_mask=packed(masks, query_lens))
     want = brute_force(q, k, v, table, ctx, 0.37, window, sinks, query_lens, masks)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
     finite = np.isfinite(want[1])
@@ -118,6 +118,20 @@ def test_a_causal_draft_is_the_one_token_decode_of_its_own_prefix():
                                  sm_scale=0.4, window=5, sinks=1, alibi_slopes=slopes)
         np.testing.assert_allclose(drafts[0][t], alone[0][0], rtol=1e-13, atol=1e-15)
         np.testing.assert_allclose(drafts[1][t], alone[1][0], rtol=1e-13)
+
+
+def packed(masks: list, query_lens: list[int]) -> np.ndarray | None:
+    """Per-sequence visibilities (None: causal) as the oracle takes them, one row a token."""
+    if masks is None or all(m is None for m in masks):
+        return None
+    rows = [np.tri(n, dtype=bool) if m is None else m for m, n in zip(masks, query_lens,
+                                                                      strict=True)]
+    out = np.zeros((sum(query_lens), max(query_lens)), dtype=bool)
+    start = 0
+    for m in rows:
+        out[start:start + len(m), :len(m)] = m
+        start += len(m)
+    return out
 
 
 def test_tree_visibility_is_ancestry_and_a_chain_is_causal():

@@ -65,6 +65,13 @@ def test_case_id_is_readable():
     assert case.group_size == 8
 
 
+def test_multi_token_case_id_carries_query_lengths_and_mask():
+    case = Case(family="demo", num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+                dtype="float16", context_lens=(37, 5, 80), query_lens=(1, 4, 2), mask="tree")
+    assert case.id == "demo/q8kv2-d64-ps16-f16/ctx[37,5,80]-qlen[1,4,2]-tree-normal"
+    assert case.tokens == 7 and {"multi_token", "draft_mask"} <= case.features
+
+
 def _spec_with(**family):
     data = tomllib.loads(SPEC_PATH.read_text())
     data["family"] = [{"name": "probe", "profiles": ["ci"], **family}]
@@ -84,6 +91,15 @@ def _spec_with(**family):
     ({"variants": [{"page_size": 0}]}, ["'probe'", "'page_size'", ">= 1"]),
     ({"grid": {"head_dim": 64}}, ["'probe'", "'head_dim'", "list"]),
     ({"colour": "red"}, ["'probe'", "'colour'"]),
+    ({"variants": [{"query_lens": [1, 2], "context_lens": [5, 6, 7]}]},
+     ["'probe'", "'query_lens'", "one per sequence (3)"]),
+    ({"variants": [{"query_lens": [4], "context_lens": [3]}]},
+     ["'probe'", "'query_lens'", "is 4 for sequence 0", "context of 3"]),
+    ({"variants": [{"query_lens": 65, "context_lens": [100]}]},
+     ["'probe'", "'query_lens'", "65", "at most 64"]),
+    ({"variants": [{"query_lens": 0, "context_lens": [3]}]}, ["'probe'", "'query_lens'", "0"]),
+    ({"variants": [{"mask": "tree"}]}, ["'probe'", "'mask'", "'query_lens'"]),
+    ({"variants": [{"mask": "diagonal", "query_lens": 2}]}, ["'probe'", "'mask'", "'diagonal'"]),
 ])
 def test_bad_spec_names_the_entry_and_the_field(family, fragments):
     with pytest.raises(SpecError) as error:

@@ -1,8 +1,14 @@
-"""Invariances (metamorphic checks): what must not change the answer."""
+"""Invariances (metamorphic checks): what must not change the answer.
+
+With several query tokens per sequence each rule holds per query row (positions, masks and
+scales travel with their tokens), and two more apply: every draft decoded alone, as one
+token against what it sees, and the batch as two sub-batches.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,6 +24,7 @@ from conformance.checks.trial import (
 from conformance.problem import LogicalKV, Problem, canonical_layout_seed
 from conformance.spec import with_changes
 from conformance.status import Status
+from references import kept_tokens
 
 
 def check_invariance(trial: Trial) -> list[Outcome]:
@@ -55,26 +62,33 @@ def check_invariance(trial: Trial) -> list[Outcome]:
     variants.append(("invariance/page-size", lambda: _other_page_size(trial)))
     if problem.k_scale is not None:
         variants.append(("invariance/kv-scale", lambda: _rescaled(trial)))
+    if problem.query_lens is not None:
+        variants.append(("invariance/drafts-alone", lambda: _drafts_alone(trial)))
+        if problem.batch > 1:
+            variants.append(("invariance/sub-batches", lambda: _sub_batches(trial)))
     return run_each(variants)
 
 
 def _same_answer(trial: Trial, check: str, problem: Problem, rows: list[int] | None = None,
                  num_splits: int | None = None, keep: list[int] | None = None,
                  out_factor: float = 1.0) -> Outcome:
-    """Decode a re-laid problem and compare with the base run: base rows ``rows`` (all by
-    default) against the new problem's rows ``keep`` (all by default), its output times
-    ``out_factor`` (a transformation that scales the answer, undone)."""
+    """Decode a re-laid problem and compare with the base run: the base's sequences
+    ``rows`` (all by default) against the new problem's sequences ``keep`` (all by default),
+    query row by query row, its output times ``out_factor`` (a transformation that scales
+    the answer, undone)."""
     run = trial.decode(problem, num_splits=num_splits)
     if run.exception:
         return Outcome(check, Status.ERROR, message=run.exception)
     base = trial.first_run
     want_out, want_lse = base.out, base.lse
     if rows is not None:
-        want_out, want_lse = want_out[rows], want_lse[rows]
+        token_rows = trial.problem.rows_of(rows)
+        want_out, want_lse = want_out[token_rows], want_lse[token_rows]
     got = AttentionState(np.asarray(run.out, np.float64) * out_factor if out_factor != 1.0
                          else run.out, run.lse)
     if keep is not None:
-        got = AttentionState(got.out[keep], got.lse[keep])
+        token_rows = problem.rows_of(keep)
+        got = AttentionState(got.out[token_rows], got.lse[token_rows])
     return trial.compare(check, got, np.asarray(want_out, np.float64), want_lse,
                          what=check.split("/", 1)[1])
 
@@ -123,3 +137,40 @@ def _other_page_size(trial: Trial) -> Outcome:
             problem = trial.logical.lay_out(size, seed(case, "page-size"), case.table_padding)
             return _same_answer(trial, "invariance/page-size", problem)
     return unsupported("invariance/page-size", "no other page size in capabilities")
+
+
+def _drafts_alone(trial: Trial) -> Outcome:
+    """Each query token decoded alone, as one token per sequence against the tokens it
+    sees, through the same backend: a multi-token decode is its drafts' one-token decodes.
+    Where every row sees a prefix of its sequence (causal, a chain, a tree's first branch)
+    that prefix is the context, window, sinks and ALiBi as they are; otherwise the row's
+    visible tokens alone, without window or sinks (ALiBi then has no positions to keep)."""
+    check, problem, case = "invariance/drafts-alone", trial.problem, trial.case
+    positions = problem.query_positions.tolist()
+    prefixes = all(np.array_equal(problem.kept(r), kept_tokens(p + 1, problem.window,
+                                                               problem.sinks))
+                   for r, p in enumerate(positions))
+    if prefixes:
+        single = trial.logical.per_token([p + 1 for p in positions])
+    elif problem.alibi_slopes is not None:
+        return unsupported(check, "a draft that sees a non-contiguous set of tokens (a tree "
+                                  "branch) has no one-token decode that keeps its ALiBi "
+                                  "positions")
+    else:
+        single = replace(trial.logical.per_token().take(
+            [problem.kept(r) for r in range(problem.tokens)]), window=None, sinks=0)
+    return _same_answer(trial, check, single.lay_out(case.page_size, seed(case, "drafts-alone"),
+                                                     case.table_padding))
+
+
+def _sub_batches(trial: Trial) -> Outcome:
+    """The batch as two sub-batches (its first half, then the rest), each decoded alone:
+    ragged query lengths must not move one sequence's query rows into another's."""
+    case, logical, half = trial.case, trial.logical, trial.problem.batch // 2
+    outcome = None
+    for part, rows in enumerate((list(range(half)), list(range(half, trial.problem.batch)))):
+        outcome = _same_answer(trial, "invariance/sub-batches", logical.select(rows).lay_out(
+            case.page_size, seed(case, "sub-batches") + part, case.table_padding), rows=rows)
+        if outcome.status != Status.PASSED:
+            return outcome
+    return outcome

@@ -47,13 +47,14 @@ def _at_gap(cuts: list[int], kept: np.ndarray) -> list[int]:
 def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
     """Decode the kept tokens cut into segments; returns the states or an error message.
 
-    A segment is a fresh problem of its tokens alone: no window, no first-N sinks, and no
-    sink logits (applied once to the merged state, ``Trial.with_sink``). With ALiBi its
-    positions restart at 0 with the query after its last token, which moves every score of
-    head h by the same ``slope_h * (last position - query position)``: cut where the kept
+    Segments are per query row (several query tokens per sequence: each row's own visible
+    tokens), each a fresh one-token problem of its tokens alone: no window, no first-N
+    sinks, and no sink logits (applied once to the merged state, ``Trial.with_sink``). With
+    ALiBi its positions restart at 0 with the query after its last token, which moves every
+    score of head h by the same ``slope_h * (last position - query position)``: cut where the kept
     positions jump, so each segment is contiguous, and add that to its LSE."""
-    logical, problem = trial.logical, trial.problem
-    kept = [problem.kept(b) for b in range(problem.batch)]
+    logical, problem = trial.logical.per_token(), trial.problem
+    kept = [problem.kept(r) for r in range(problem.tokens)]
     cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
     if problem.alibi_slopes is not None:
         cuts = [_at_gap(c, k) for c, k in zip(cuts, kept, strict=True)]
@@ -68,8 +69,8 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
         """The segment's LSE where its tokens really lie (ALiBi), else as it is."""
         if problem.alibi_slopes is None:
             return state
-        offsets = np.array([k[c[j + 1] - 1] - (n - 1) if c[j + 1] > c[j] else 0 for k, c, n
-                            in zip(kept, cuts, problem.context_lens.tolist(), strict=True)])
+        offsets = np.array([k[c[j + 1] - 1] - p if c[j + 1] > c[j] else 0 for k, c, p
+                            in zip(kept, cuts, problem.query_positions.tolist(), strict=True)])
         moved = state.lse + (offsets[:, None] * problem.alibi_slopes[None, :]).astype(
             np.float32)
         return AttentionState(state.out, np.where(np.isneginf(state.lse), state.lse, moved)

@@ -121,8 +121,8 @@ def _masked_nan(trial: Trial) -> Outcome:
         return Outcome(check, Status.PASSED)
     b, h = (int(i) for i in np.argwhere(bad)[0])
     return Outcome(check, Status.FAILED, message=(
-        f"NaN in the slots the kernel must not read reached {int(bad.sum())} (batch, head) "
-        f"rows of output or LSE (first at [batch {b}, head {h}]); with finite values there "
+        f"NaN in the slots the kernel must not read reached {int(bad.sum())} (row, head) "
+        f"rows of output or LSE (first at [row {b}, head {h}]); with finite values there "
         f"the kernel is judged by oracle, so it reads masked slots and weights them by zero"))
 
 

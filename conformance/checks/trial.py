@@ -174,16 +174,17 @@ class Trial:
         return self.shared(("kept_scores",), self._kept_scores)
 
     def _kept_scores(self) -> list[np.ndarray]:
-        """Per row, ``(num_qo_heads, n)`` float64: the scores the softmax sees (scaled,
-        capped, biased), of the kept tokens."""
+        """Per query row, ``(num_qo_heads, n)`` float64: the scores the softmax sees
+        (scaled, capped, biased), of the kept tokens."""
         keys, _ = self.kept_kv()
         problem = self.problem
         modifiers = Modifiers(np.float64, problem.sm_scale, problem.soft_cap, None,
                               problem.alibi_slopes)
         scores = []
-        for b, k in enumerate(keys):
-            offsets = problem.kept(b) - (int(problem.context_lens[b]) - 1)
-            raw = np.einsum("hd,nhd->hn", self.query64[b], k)
+        positions = problem.query_positions
+        for r, k in enumerate(keys):
+            offsets = problem.kept(r) - positions[r]
+            raw = np.einsum("hd,nhd->hn", self.query64[r], k)
             scores.append(np.stack([modifiers.scores(raw[h], h, offsets)
                                     for h in range(raw.shape[0])]) if raw.size else raw)
         return scores
@@ -225,17 +226,17 @@ class Trial:
                                self.problem.sink_logits)
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per row, the kept keys and values in float64, ``(n, num_qo_heads, d)`` each (the
-        values a quantized cache's codes denote)."""
+        """Per query row, the kept keys and values in float64, ``(n, num_qo_heads, d)``
+        each (the values a quantized cache's codes denote)."""
         return self.shared(("kept_kv",), self._kept_kv)
 
     def _kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         problem = self.problem
         heads = np.arange(problem.num_qo_heads) // problem.group_size
         keys, values = [], []
-        for b in range(problem.batch):
+        for r, b in enumerate(problem.row_sequence):
             k, v = gather_sequence(problem.k_pages, problem.v_pages, problem.block_table[b],
-                                   problem.kept(b), problem.k_scale, problem.v_scale)
+                                   problem.kept(r), problem.k_scale, problem.v_scale)
             keys.append(k.astype(np.float64)[:, heads])
             values.append(v.astype(np.float64)[:, heads])
         return keys, values
@@ -355,18 +356,20 @@ def reference_of(problem: Problem, precision: type = np.float64, lse_includes_si
                             q_scale=problem.q_scale, soft_cap=problem.soft_cap,
                             sink_logits=problem.sink_logits,
                             alibi_slopes=problem.alibi_slopes,
-                            lse_includes_sink=lse_includes_sink, precision=precision)
+                            lse_includes_sink=lse_includes_sink, query_lens=problem.query_lens,
+                            draft_mask=problem.draft_mask, precision=precision)
 
 
 def locate(got: np.ndarray, want: np.ndarray) -> str:
-    """Where the worst output element is, as ' at [batch, head]: got X, want Y'."""
+    """Where the worst output element is, as ' at [row, head, dim]: got X, want Y' (row: the
+    query row, the sequence's index in one-token decode)."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape or got.size == 0:
         return ""
     diff = np.where(np.isfinite(got), np.abs(got - want), np.inf)
     b, h, d = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return f" at [batch {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
+    return f" at [row {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
 
 
 def cannot_judge_message(budget: Budget, admitted: dict[str, float]) -> str:
@@ -391,7 +394,8 @@ def unsupported(check: str, reason: str) -> Outcome:
 
 # Offsets from a case's seed for the layouts the checks make, so no two draw the same pages.
 SEEDS = {"wide-table": 1, "reshuffle": 2, "batch-order": 3, "neighbours": 4,
-         "neighbour-layout": 5, "gqa-as-mha": 6, "page-size": 7, "segment": 10}
+         "neighbour-layout": 5, "gqa-as-mha": 6, "page-size": 7, "drafts-alone": 8,
+         "segment": 10, "sub-batches": 30}
 
 
 def seed(case: Case, use: str) -> int:
@@ -421,5 +425,5 @@ def lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget,
             diff = np.where(want_empty, 0.0, np.nan_to_num(np.abs(got64 - want64), nan=np.inf))
         bad = diff == diff.max()
     b, h = (int(i) for i in np.argwhere(bad)[0])
-    return (f"lse error {error:.3g} > budget {budget.value:.3g} at [batch {b}, head {h}]: got "
+    return (f"lse error {error:.3g} > budget {budget.value:.3g} at [row {b}, head {h}]: got "
             f"{got64[b, h]:.8g}, want {want64[b, h]:.8g}")
