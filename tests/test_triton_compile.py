@@ -42,10 +42,12 @@ def build(fn, pointers, scalars, consts, **options):
 
 dtype, head_dim, group, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 kv, kv_scale, q8, mods = sys.argv[5], int(sys.argv[6]), sys.argv[7], sys.argv[8] == "1"
+query_tokens, draft_mask = int(sys.argv[9]), sys.argv[10] == "1"  # drafts (a power of two)
+rows = max(16, query_tokens * triton.next_power_of_2(group))
 t = PTR[dtype]
 k, q = PTR[kv if kv != "same" else dtype], PTR[q8 if q8 != "none" else dtype]
 block_d = max(16, triton.next_power_of_2(head_dim))
-config = splitkv_kernel.tile_config(head_dim, kv != "same")
+config = splitkv_kernel.tile_config(head_dim, kv != "same", rows)
 flags = dict(KV_SCALE=kv_scale, Q_SCALED=q8 != "none")
 # fp8 tiles as words of four codes where the adapter's launch reads them so (fp8_words)
 words = config["fp8_words"] if dtype == "float16" and kv_scale == 1 else 0
@@ -53,10 +55,12 @@ modifiers = dict(HAS_CAP=mods, HAS_ALIBI=mods)
 build(splitkv_kernel._splitkv_partial_kernel,
       {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
        "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "k_scale": "*fp32",
-       "v_scale": "*fp32", "q_scale": "*fp32", "alibi_slopes": "*fp32"},
+       "v_scale": "*fp32", "q_scale": "*fp32", "alibi_slopes": "*fp32",
+       "query_start": "*i32", "draft_mask": "*u8"},
       {"scale_log2": "fp32", "cap_log2": "fp32", "window": "i32", "sinks": "i32",
-       "stride_table": "i32", "num_splits": "i32", "scale_stride": "i32"},
-      dict(NUM_KV_HEADS=2, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
+       "stride_table": "i32", "num_splits": "i32", "scale_stride": "i32", "mask_stride": "i32"},
+      dict(NUM_KV_HEADS=2, GROUP=group, GROUP_P2=triton.next_power_of_2(group), ROWS=rows,
+           QUERY_TOKENS=query_tokens, HAS_DRAFT_MASK=draft_mask,
            HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_SIZE=16, BLOCK_N=config["BLOCK_N"],
            HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
            DOT_DTYPE=DOT[dtype], FP8_WORDS=words, E5M2=kv == "float8_e5m2", **flags,
@@ -95,20 +99,24 @@ print("compiled")
 
 
 # (dtype, head_dim, group, window, fp8 pages, KV_SCALE (1 per program, 2 per token),
-#  fp8 query, soft-cap + ALiBi + sink logits)
-@pytest.mark.parametrize("dtype,head_dim,group,window,kv,kv_scale,q8,mods", [
-    ("float16", 128, 4, "0", "same", 0, "none", "0"),
-    ("bfloat16", 96, 71, "1", "same", 0, "none", "0"),
-    ("float32", 256, 1, "1", "same", 0, "none", "0"),
-    ("float16", 64, 8, "1", "same", 0, "none", "1"),
-    ("float16", 128, 4, "0", "float8_e4m3fn", 1, "none", "0"),
-    ("float16", 64, 8, "1", "float8_e5m2", 1, "float8_e4m3fn", "1"),
-    ("bfloat16", 128, 8, "1", "float8_e5m2", 2, "float8_e4m3fn", "1"),
+#  fp8 query, soft-cap + ALiBi + sink logits, query tokens per sequence, draft mask)
+@pytest.mark.parametrize("dtype,head_dim,group,window,kv,kv_scale,q8,mods,drafts,mask", [
+    ("float16", 128, 4, "0", "same", 0, "none", "0", 1, "0"),
+    ("bfloat16", 96, 71, "1", "same", 0, "none", "0", 1, "0"),
+    ("float32", 256, 1, "1", "same", 0, "none", "0", 1, "0"),
+    ("float16", 64, 8, "1", "same", 0, "none", "1", 1, "0"),
+    ("float16", 128, 4, "0", "float8_e4m3fn", 1, "none", "0", 1, "0"),
+    ("float16", 64, 8, "1", "float8_e5m2", 1, "float8_e4m3fn", "1", 1, "0"),
+    ("bfloat16", 128, 8, "1", "float8_e5m2", 2, "float8_e4m3fn", "1", 1, "0"),
+    ("float16", 128, 4, "1", "same", 0, "none", "1", 4, "0"),
+    ("bfloat16", 128, 8, "1", "float8_e4m3fn", 1, "none", "0", 8, "1"),
 ])
-def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods):
+def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods,
+                                  drafts, mask):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     result = subprocess.run([sys.executable, "-c", COMPILE, dtype, str(head_dim), str(group),
-                             window, kv, str(kv_scale), q8, mods], cwd=ROOT, env=env,
+                             window, kv, str(kv_scale), q8, mods, str(drafts), mask],
+                            cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]

@@ -24,6 +24,10 @@ FP8 = {"kv_dtypes": frozenset({"float8_e4m3fn", "float8_e5m2"}),
        "q_dtypes": frozenset({"float8_e4m3fn", "float8_e5m2"})}
 
 
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 class TritonBackend(Backend):
     """Moves the canonical problem to the kernel's device, runs it, copies results back."""
 
@@ -73,6 +77,16 @@ class TritonBackend(Backend):
         return Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"),
                       tensors.get("q_scale"))
 
+    def queries(self, tensors: dict, problem):
+        """The kernels' ``Queries`` for several query tokens per sequence (None for one):
+        the packed rows' start offsets and the problem's draft mask, on the device."""
+        from backends.triton.validation import Queries
+
+        if problem.query_lens is None:
+            return None
+        return Queries(self.upload(problem.query_start), int(problem.query_lens.max()),
+                       tensors.get("draft_mask"))
+
     def modifiers(self, tensors: dict, problem):
         """The kernels' ``ScoreModifiers``: the problem's soft-cap, sink logits and slopes."""
         from backends.triton.validation import ScoreModifiers
@@ -87,7 +101,7 @@ class TritonBackend(Backend):
 
         if num_splits:
             return num_splits
-        longest = max((len(problem.kept(b)) for b in range(problem.batch)), default=0)
+        longest = max((len(problem.kept(r)) for r in range(problem.tokens)), default=0)
         return choose_splits(problem.batch, programs_per_split or problem.num_kv_heads,
                              longest, self.mode.sm_count, block_n, waves)
 
@@ -106,13 +120,22 @@ class TritonBackend(Backend):
 
 class TritonSplitKV(TritonBackend):
     name = "triton-splitkv"
-    description = ("paged split-KV flash decoding, GQA group packed in one tl.dot tile, "
-                   "LSE combine kernel")
-    capabilities = Capabilities(features=FEATURES | MODIFIERS | {"split_k"}, max_group_size=128,
-                                head_dims=frozenset(range(16, 257)), split_counts=(1, 3, 8),
-                                devices=("cuda", "cpu-interpreter"), **FP8)
+    description = ("paged split-KV flash decoding, GQA group (times the query tokens of a "
+                   "sequence) packed in one tl.dot tile, LSE combine kernel")
+    capabilities = Capabilities(features=FEATURES | MODIFIERS | {"split_k", "multi_token",
+                                                                 "draft_mask"},
+                                max_group_size=128, head_dims=frozenset(range(16, 257)),
+                                split_counts=(1, 3, 8), devices=("cuda", "cpu-interpreter"),
+                                **FP8)
+    MAX_ROWS = 128  # query tokens x group (each padded to a power of two) in one tile
 
     def unsupported_reason(self, case) -> str | None:
+        if case.query_lens is not None:
+            rows = _next_power_of_2(max(case.query_lens)) * _next_power_of_2(case.group_size)
+            if rows > self.MAX_ROWS:
+                return (f"{max(case.query_lens)} query tokens x a group of {case.group_size} "
+                        f"are {rows} tile rows (padded to powers of two); the kernel packs at "
+                        f"most {self.MAX_ROWS}")
         # codes that go into tl.dot as float16 as they are: per-program scales, an fp8 query
         direct = (case.kv_dtype == "float8_e5m2" and case.kv_scale != "per-token") or \
             case.q_dtype == "float8_e5m2"
@@ -131,7 +154,8 @@ class TritonSplitKV(TritonBackend):
                        sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
                        num_splits=splits, validate=validate,
                        scales=self.scales(tensors, problem),
-                       modifiers=self.modifiers(tensors, problem))
+                       modifiers=self.modifiers(tensors, problem),
+                       queries=self.queries(tensors, problem))
 
 
 class TritonPaged(TritonBackend):

@@ -73,12 +73,12 @@ def tanh(x):
 def modified_scores(scores, offsets, slopes, cap_log2, HAS_CAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr):
     """Base-2 scores ``(rows, tokens)`` capped (``cap_log2 = cap * log2(e)``: the cap in
-    base-2 units) and biased by ALiBi (``slopes (rows,)`` natural, ``offsets (tokens,)`` key
-    position minus query position)."""
+    base-2 units) and biased by ALiBi (``slopes (rows,)`` natural, ``offsets`` key position
+    minus query position, ``(1 or rows, tokens)``)."""
     if HAS_CAP:
         scores = cap_log2 * tanh(scores / cap_log2)
     if HAS_ALIBI:
-        scores = scores + (slopes[:, None] * LOG2E_CONST) * offsets[None, :].to(tl.float32)
+        scores = scores + (slopes[:, None] * LOG2E_CONST) * offsets.to(tl.float32)
     return scores
 
 

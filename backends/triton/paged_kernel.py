@@ -81,7 +81,7 @@ def _paged_decode_kernel(
             keys = keys * k_head_scale[:, None, None]
             values = values * v_head_scale[:, None, None]
         scores = tl.sum(keys * q_rows[:, None, :], axis=2)  # (H, P)
-        scores = modified_scores(scores, position - (n - 1), slopes, cap_log2, HAS_CAP,
+        scores = modified_scores(scores, (position - (n - 1))[None, :], slopes, cap_log2, HAS_CAP,
                                  HAS_ALIBI)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)

@@ -6,6 +6,12 @@ page up in the block table, and keeps an online softmax (base 2) for its whole q
 group with ``tl.dot``. Evicted, padded and ``-1`` slots are never loaded. ``combine`` then
 merges the splits and writes output and natural-log LSE for every row, empty ones included.
 
+Several query tokens per sequence (speculative verification, ``Queries``) share the walk:
+the tile's rows are query tokens x group (``QUERY_TOKENS`` x the group padded to a power of
+two), the span walked is the union of what they see (the window widened by the drafts), and
+each row masks its own view: causal by position, or the draft-visibility matrix, the window
+and ALiBi counted from its own position. The KV tile is read once for every draft.
+
 An fp8 cache (``KV_SCALE``) is read as codes: with one scale per program (per tensor or per
 KV head) the codes go into ``tl.dot`` as they are (every e4m3/e5m2 value is exact in 16 bits)
 and the scales are folded into the scores and the partial output; with per-token scales each
@@ -34,7 +40,7 @@ from backends.triton.kernel_common import (
     rows_per_program,
     split_bounds,
 )
-from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
+from backends.triton.validation import Queries, Scales, ScoreModifiers, paged_shapes
 
 LOG2E_TL = tl.constexpr(LOG2E)
 
@@ -48,9 +54,10 @@ WORDS_NONE, WORDS_V, WORDS_KV = 0, 1, 2
 @triton.jit
 def _splitkv_partial_kernel(
     q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
-    k_scale, v_scale, q_scale, alibi_slopes,
-    scale_log2, cap_log2, window, sinks, stride_table, num_splits, scale_stride,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr,
+    k_scale, v_scale, q_scale, alibi_slopes, query_start, draft_mask,
+    scale_log2, cap_log2, window, sinks, stride_table, num_splits, scale_stride, mask_stride,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    ROWS: tl.constexpr, QUERY_TOKENS: tl.constexpr, HAS_DRAFT_MASK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -61,15 +68,25 @@ def _splitkv_partial_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     n = tl.load(context_lens + b)
-    kept, sinks_kept, window_start = kept_span(n, window, sinks, HAS_WINDOW)
+    first_row = b
+    query_len = 1
+    if QUERY_TOKENS > 1:  # several query tokens: the packed rows query_start[b]..[b + 1]
+        first_row = tl.load(query_start + b)
+        query_len = tl.load(query_start + b + 1) - first_row
+    # what the drafts see together: each one's window ends at its own position
+    kept, sinks_kept, window_start = kept_span(n, window + query_len - 1, sinks, HAS_WINDOW)
     start, end = split_bounds(kept, split, num_splits, BLOCK_N)
 
-    rows = tl.arange(0, PADDED_GROUP)
-    row_mask = rows < GROUP
-    heads = kv_head * GROUP + rows
+    rows = tl.arange(0, ROWS)  # query token rows // GROUP_P2, query head rows % GROUP_P2
+    draft = rows // GROUP_P2
+    row_mask = (draft < query_len) & (rows % GROUP_P2 < GROUP)
+    heads = kv_head * GROUP + rows % GROUP_P2
+    query_row = first_row + draft
+    query_position = n - query_len + draft
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    q_offsets = (b * NUM_KV_HEADS * GROUP + heads[:, None]).to(tl.int64) * HEAD_DIM + d[None, :]
+    q_offsets = (query_row[:, None] * NUM_KV_HEADS * GROUP + heads[:, None]).to(tl.int64) \
+        * HEAD_DIM + d[None, :]
     q_tile = tl.load(q + q_offsets, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     score_scale = scale_log2
     if Q_SCALED:
@@ -78,12 +95,12 @@ def _splitkv_partial_kernel(
     if KV_SCALE == PER_PROGRAM:
         score_scale = score_scale * tl.load(k_scale + kv_head * scale_stride)
 
-    slopes = tl.zeros([PADDED_GROUP], tl.float32)
+    slopes = tl.zeros([ROWS], tl.float32)
     if HAS_ALIBI:
         slopes = tl.load(alibi_slopes + heads, mask=row_mask, other=0.0)
-    m = tl.full([PADDED_GROUP], float("-inf"), tl.float32)
-    total = tl.zeros([PADDED_GROUP], tl.float32)
-    acc = tl.zeros([PADDED_GROUP, BLOCK_D], tl.float32)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     table_row = block_table + b.to(tl.int64) * stride_table
     for tile in range(start, end, BLOCK_N):
         i = tile + tl.arange(0, BLOCK_N)
@@ -100,9 +117,14 @@ def _splitkv_partial_kernel(
             keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
                            DOT_DTYPE)
         scores = tl.dot(q_tile, tl.trans(keys), input_precision=DOT_PRECISION) * score_scale
-        scores = modified_scores(scores, position - (n - 1), slopes, cap_log2, HAS_CAP,
-                                 HAS_ALIBI)
-        scores = tl.where(valid[None, :], scores, float("-inf"))
+        scores = modified_scores(scores, position[None, :] - query_position[:, None], slopes,
+                                 cap_log2, HAS_CAP, HAS_ALIBI)
+        seen = valid[None, :]
+        if QUERY_TOKENS > 1:
+            seen = seen & row_sees(position, query_position, query_row, n - query_len,
+                                   row_mask, valid, draft_mask, mask_stride, window, sinks,
+                                   HAS_DRAFT_MASK, HAS_WINDOW)
+        scores = tl.where(seen, scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
         if FP8_WORDS >= 1:
             values = read_words(v_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
@@ -114,11 +136,32 @@ def _splitkv_partial_kernel(
     if KV_SCALE == PER_PROGRAM:
         acc = acc * tl.load(v_scale + kv_head * scale_stride)
 
-    state = (b * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
+    state = (query_row * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
     tl.store(part_m + state, m, mask=row_mask)
     tl.store(part_l + state, total, mask=row_mask)
     tl.store(part_acc + state[:, None] * HEAD_DIM + d[None, :], acc,
              mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def row_sees(position, query_position, query_row, first_draft, row_mask, valid, draft_mask,
+             mask_stride, window, sinks, HAS_DRAFT_MASK: tl.constexpr,
+             HAS_WINDOW: tl.constexpr):
+    """``(rows, tokens)``: which walked positions each query row sees: up to its own
+    position (causal) or the drafts its row of the visibility matrix marks, inside its own
+    window (plus the first ``sinks``)."""
+    if HAS_DRAFT_MASK:
+        offset = position[None, :] - first_draft
+        is_draft = offset >= 0
+        marked = tl.load(draft_mask + query_row[:, None].to(tl.int64) * mask_stride + offset,
+                         mask=row_mask[:, None] & valid[None, :] & is_draft, other=0)
+        seen = (~is_draft) | (marked != 0)
+    else:
+        seen = position[None, :] <= query_position[:, None]
+    if HAS_WINDOW:
+        seen = seen & ((position[None, :] > query_position[:, None] - window)
+                       | (position[None, :] < sinks))
+    return seen
 
 
 @triton.jit
@@ -239,12 +282,13 @@ def fp8_words(scales: Scales, out, head_dim: int, words: int = WORDS_V) -> int:
     return words
 
 
-def tile_config(head_dim: int, fp8: bool = False) -> dict:
+def tile_config(head_dim: int, fp8: bool = False, rows: int = 16) -> dict:
     """Launch parameters: the best worst-case of a sweep on an H200 at head_dim 128
-    (benchmarks/sweep_splitkv.py); smaller tiles for wider heads to bound registers. An fp8
-    tile holds half the bytes: a third stage in flight was faster at all seven gpu shapes
-    (3-10%; benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not."""
-    block_n = 128 if head_dim <= 128 else 64
+    (benchmarks/sweep_splitkv.py); smaller tiles for wider heads, or more than 64 query rows
+    (drafts x group), to bound registers. An fp8 tile holds half the bytes: a third stage in
+    flight was faster at all seven gpu shapes (3-10%;
+    benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not."""
+    block_n = 128 if head_dim <= 128 and rows <= 64 else 64
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2, "waves": 2,
             "fp8_words": WORDS_V}
 
@@ -254,7 +298,8 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                    num_splits: int | None = None, sm_count: int = 132,
                    validate: bool = True, config: dict | None = None,
                    scales: Scales | None = None,
-                   modifiers: ScoreModifiers | None = None) -> None:
+                   modifiers: ScoreModifiers | None = None,
+                   queries: Queries | None = None) -> None:
     """Write attention output and natural-log LSE for every row of a paged decode batch.
 
     ``q (batch, qo_heads, dim)``, ``k_pages``/``v_pages (pages, page_size, kv_heads, dim)``,
@@ -262,7 +307,8 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     int32, ``out`` like ``q``, ``lse (batch, qo_heads)`` float32; all on one device. An fp8
     cache or query comes with its ``scales`` (``validation.Scales``); ``out`` is then the
     dtype the kernel computes in. ``modifiers`` (``validation.ScoreModifiers``): soft-cap
-    and ALiBi per score, sink logits in the combine.
+    and ALiBi per score, sink logits in the combine. ``queries`` (``validation.Queries``):
+    several query tokens per sequence, packed, q, out and lse holding one row per token.
     """
     import torch
 
@@ -270,7 +316,7 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     modifiers = modifiers or ScoreModifiers()
     batch, hq, hkv, head_dim, page_size = paged_shapes(
         q, k_pages, v_pages, block_table, context_lens, out, lse, window=window, sinks=sinks,
-        validate=validate, scales=scales)
+        validate=validate, scales=scales, queries=queries)
     if validate:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits: {num_splits} must be at least 1")
@@ -278,26 +324,35 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
     group = hq // hkv
     if batch == 0:
         return
-    config = {**tile_config(head_dim, scales.kv_scale is not None), **(config or {})}
+    query_tokens = triton.next_power_of_2(queries.max_query_len) if queries else 1
+    rows = max(16, query_tokens * triton.next_power_of_2(group))
+    config = {**tile_config(head_dim, scales.kv_scale is not None, rows), **(config or {})}
     if num_splits is None:
         longest = int(context_lens.max())
         if window is not None:
-            longest = min(longest, window + sinks)
+            longest = min(longest, window + (queries.max_query_len if queries else 1) - 1
+                          + sinks)
         num_splits = choose_splits(batch, hkv, longest, sm_count, config["BLOCK_N"],
                                    config["waves"])
-    part_m = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    tokens = q.shape[0]
+    part_m = torch.empty((tokens, hq, num_splits), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
-    part_acc = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32,
+    part_acc = torch.empty((tokens, hq, num_splits, head_dim), dtype=torch.float32,
                            device=q.device)
+    draft_mask = queries.draft_mask if queries and queries.draft_mask is not None else None
     precision = "ieee" if out.dtype == torch.float32 else "tf32"
     kv_mode, stride, k_scale, v_scale = scale_arguments(scales, part_m)
     _splitkv_partial_kernel[(batch, hkv, num_splits)](
         q, k_pages, v_pages, block_table, context_lens, part_m, part_l, part_acc,
         k_scale, v_scale, scales.q_scale if scales.q_scale is not None else part_m,
         modifiers.alibi_slopes if modifiers.alibi_slopes is not None else part_m,
+        queries.query_start if queries else context_lens,
+        draft_mask.view(torch.uint8) if draft_mask is not None else context_lens,
         sm_scale * LOG2E, (modifiers.soft_cap or 1.0) * LOG2E, window or 0, sinks,
         block_table.stride(0), num_splits, stride,
-        NUM_KV_HEADS=hkv, GROUP=group, PADDED_GROUP=max(16, triton.next_power_of_2(group)),
+        draft_mask.stride(0) if draft_mask is not None else 0,
+        NUM_KV_HEADS=hkv, GROUP=group, GROUP_P2=triton.next_power_of_2(group), ROWS=rows,
+        QUERY_TOKENS=query_tokens, HAS_DRAFT_MASK=draft_mask is not None,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         PAGE_SIZE=page_size, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=window is not None,
         DOT_PRECISION=precision, KV_SCALE=kv_mode, Q_SCALED=scales.q_scale is not None,

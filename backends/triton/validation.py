@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 KV_DTYPES = ("float32", "float16", "bfloat16")
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -42,11 +43,16 @@ def check_tensor(name: str, tensor, *, ndim: int | None = None, shape: tuple | N
 
 def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
                        window: int | None, sinks: int, out_dtype=None,
-                       scales: Scales | None = None) -> tuple[int, ...]:
+                       scales: Scales | None = None,
+                       queries: Queries | None = None) -> tuple[int, ...]:
     """Checks shared by the paged kernels; returns (batch, qo heads, kv heads, dim, page size).
-    ``out_dtype`` is q's unless q is fp8; K and V are in it unless ``scales`` say fp8."""
+    ``out_dtype`` is q's unless q is fp8; K and V are in it unless ``scales`` say fp8; q has
+    one row per sequence unless ``queries`` packs several."""
     check_tensor("q", q, ndim=3)
     batch, num_qo_heads, head_dim = q.shape
+    if queries is not None:
+        check_tensor("context_lens", context_lens, ndim=1, int32=True, device=q.device)
+        batch = context_lens.shape[0]
     scales = scales or Scales()
     quantized_q = dtype_label(q.dtype) in FP8
     if quantized_q and scales.q_scale is None:
@@ -88,6 +94,8 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
         raise ValueError(f"window: {window} must be at least 1")
     if sinks < 0:
         raise ValueError(f"sinks: {sinks} must not be negative")
+    if queries is not None:
+        queries.check(q, context_lens)
     return batch, num_qo_heads, num_kv_heads, head_dim, page_size
 
 
@@ -137,6 +145,47 @@ class Scales:
 
 
 @dataclass(frozen=True)
+class Queries:
+    """Several query tokens per sequence, packed: sequence ``b``'s are rows
+    ``query_start[b]:query_start[b + 1]`` of q (``(batch + 1,)`` int32, from 0), its last
+    positions; ``draft_mask`` ``(tokens, max_query_len)`` bool: row r sees draft j of its
+    sequence, or None (causal: draft t sees drafts 0..t). ``max_query_len`` is the longest
+    (a host value: it sizes the tile)."""
+
+    query_start: object
+    max_query_len: int
+    draft_mask: object = None
+
+    def check(self, q, context_lens) -> None:
+        import torch
+
+        batch, tokens = context_lens.shape[0], q.shape[0]
+        check_tensor("query_start", self.query_start, shape=(batch + 1,), int32=True,
+                     device=q.device)
+        starts = self.query_start.cpu().tolist()
+        lens = [b - a for a, b in pairwise(starts)]
+        if starts[0] != 0 or starts[-1] != tokens:
+            raise ValueError(f"query_start: runs from {starts[0]} to {starts[-1]}; want 0 to "
+                             f"q's {tokens} rows")
+        for b, (length, n) in enumerate(zip(lens, context_lens.cpu().tolist(), strict=True)):
+            if not 1 <= length <= n:
+                raise ValueError(f"query_start: sequence {b} has {length} query tokens; want "
+                                 f"1 to its context length {n} (which counts them)")
+        if max(lens, default=0) != self.max_query_len:
+            raise ValueError(f"max_query_len: {self.max_query_len}, but the longest sequence "
+                             f"has {max(lens, default=0)} query tokens")
+        if self.draft_mask is not None:
+            mask = self.draft_mask
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                raise ValueError("draft_mask: expected a torch.bool tensor")
+            if mask.dim() != 2 or mask.shape[0] != tokens or mask.shape[1] < self.max_query_len:
+                raise ValueError(f"draft_mask: shape {tuple(mask.shape)}; want ({tokens}, at "
+                                 f"least {self.max_query_len})")
+            if mask.device != q.device or not mask.is_contiguous():
+                raise ValueError(f"draft_mask: must be contiguous on {q.device}")
+
+
+@dataclass(frozen=True)
 class ScoreModifiers:
     """What a model does to the scores: ``soft_cap`` (a float: cap * tanh(s / cap)),
     ``sink_logits`` and ``alibi_slopes`` (float32 tensors, one per query head); None where
@@ -157,12 +206,15 @@ class ScoreModifiers:
 
 def paged_shapes(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
                  window: int | None, sinks: int, validate: bool,
-                 scales: Scales | None = None) -> tuple[int, ...]:
+                 scales: Scales | None = None, queries: Queries | None = None
+                 ) -> tuple[int, ...]:
     """(batch, qo heads, kv heads, head dim, page size), every argument checked first unless
     ``validate`` is off (the benchmarked launch, after one checked call)."""
     if not validate:
-        return q.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], k_pages.shape[1]
+        return context_lens.shape[0], q.shape[1], k_pages.shape[2], q.shape[2], \
+            k_pages.shape[1]
     shapes = check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, window=window,
-                                sinks=sinks, out_dtype=out.dtype, scales=scales)
+                                sinks=sinks, out_dtype=out.dtype, scales=scales,
+                                queries=queries)
     check_output_buffers(q, out, lse)
     return shapes
