@@ -89,7 +89,8 @@ class TorchFlex(TorchBackend):
     name = "torch-flex"
     description = ("torch flex_attention over the flattened page pool, a block mask mapping "
                    "slots to (sequence, position); compiled on CUDA, eager on a CPU")
-    capabilities = Capabilities(features=FEATURES | {"soft_cap", "alibi"},
+    capabilities = Capabilities(features=FEATURES | {"soft_cap", "alibi", "multi_token",
+                                                     "draft_mask"},
                                 devices=("cpu", "cuda"))
 
     @classmethod
@@ -128,36 +129,47 @@ class TorchFlex(TorchBackend):
         import torch
         from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
-        batch, hq, d = problem.q.shape
-        hkv, slots_total = problem.num_kv_heads, problem.k_pages.shape[0] * problem.page_size
-        q = self.upload(problem.q).reshape(batch, hq, 1, d)
+        batch, hq, hkv, d = problem.batch, problem.num_qo_heads, problem.num_kv_heads, \
+            problem.head_dim
+        slots_total = problem.k_pages.shape[0] * problem.page_size
+        q = self.upload(padded_queries(problem))  # (batch, hq, drafts, d)
         k = self.upload(problem.k_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
         v = self.upload(problem.v_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
         positions = self.upload(slot_positions(problem))
-        context = self.upload(problem.context_lens)
+        rows = problem.padded_rows()
+        # each padded query row's position (-1: padding, sees nothing) and what it sees
+        query_at = self.upload(np.where(rows >= 0, problem.query_positions[rows], -1))
+        first_draft = self.upload(problem.context_lens - problem.row_lens.astype(np.int32))
+        seen = None if problem.draft_mask is None else self.upload(
+            np.where((rows >= 0)[..., None], problem.draft_mask[rows], False))
         window, sinks = problem.window, problem.sinks
 
         def mask_mod(b, h, q_idx, kv_idx):
-            position = positions[b, kv_idx]
-            keep = position >= 0
+            position, query = positions[b, kv_idx], query_at[b, q_idx]
+            keep = (position >= 0) & (query >= 0)
+            if seen is None:
+                keep = keep & (position <= query)
+            else:
+                draft = position - first_draft[b]
+                keep = keep & ((draft < 0) | seen[b, q_idx, draft.clamp(min=0)])
             if window is not None:
-                keep = keep & ((position >= context[b] - window) | (position < sinks))
+                keep = keep & ((position > query - window) | (position < sinks))
             return keep
 
-        block_mask = create_block_mask(mask_mod, batch, None, 1, slots_total, device=device())
+        block_mask = create_block_mask(mask_mod, batch, None, q.shape[2], slots_total,
+                                       device=device())
         scale = float(problem.sm_scale)
-        score_mod = self.score_mod(problem, positions, context)
+        score_mod = self.score_mod(problem, positions, query_at)
 
         def call() -> None:
             output, aux = self.flex(q, k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1),
                                     score_mod=score_mod, block_mask=block_mask, scale=scale,
                                     enable_gqa=hq != hkv, return_aux=AuxRequest(lse=True))
-            self.results = (output.reshape(batch, hq, d), aux.lse.reshape(batch, hq))
+            self.results = (packed(output, problem), packed(aux.lse, problem))
         self.results = (torch.empty(0), torch.empty(0))
         return call
 
-
-    def score_mod(self, problem, positions, context):
+    def score_mod(self, problem, positions, query_at):
         """The problem's soft-cap and ALiBi as a flex ``score_mod``, or None without them."""
         import torch
 
@@ -170,52 +182,73 @@ class TorchFlex(TorchBackend):
             if cap is not None:
                 score = cap * torch.tanh(score / cap)
             if slopes is not None:
-                score = score + slopes[h] * (positions[b, kv_idx] - (context[b] - 1))
+                score = score + slopes[h] * (positions[b, kv_idx] - query_at[b, q_idx])
             return score
         return score_mod
 
 
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Keys and values gathered into ``(batch, kv_heads, longest, dim)`` (zeros past a
-    sequence) and whether each position is attended to (window and sinks applied)."""
+    sequence) and, per query row, whether each position is attended to (window, sinks and
+    draft mask applied)."""
     longest = max(1, int(problem.context_lens.max(initial=0)))
     shape = (problem.batch, longest, problem.num_kv_heads, problem.head_dim)
     keys = np.zeros(shape, dtype=problem.dtype)
     values = np.zeros(shape, dtype=problem.dtype)
-    attended = np.zeros((problem.batch, longest), dtype=bool)
-    for b in range(problem.batch):
-        kept = problem.kept(b)
+    attended = np.zeros((problem.tokens, longest), dtype=bool)
+    for row, b in enumerate(problem.row_sequence):
+        kept = problem.kept(row)
         pages = problem.block_table[b, kept // problem.page_size]
         keys[b, kept] = problem.k_pages[pages, kept % problem.page_size]
         values[b, kept] = problem.v_pages[pages, kept % problem.page_size]
-        attended[b, kept] = True
+        attended[row, kept] = True
     return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), attended
 
 
 def attention_bias(problem, attended: np.ndarray) -> np.ndarray:
-    """``(batch, heads, longest)`` float32: -inf where a position is not attended to, else 0,
-    or the ALiBi bias ``slope_h * (position - (context_len - 1))``."""
+    """``(batch, heads, longest query_len, longest)`` float32, the queries padded per
+    sequence: -inf where a position is not attended to, else 0, or the ALiBi bias
+    ``slope_h * (position - query position)``. A padding row attends to position 0 (its
+    result is dropped), so that no row is all -inf."""
     bias = np.where(attended, 0.0, -np.inf)[:, None, :].repeat(problem.num_qo_heads, axis=1)
     if problem.alibi_slopes is not None:
-        offsets = np.arange(attended.shape[1])[None, :] - (problem.context_lens[:, None] - 1)
+        offsets = np.arange(attended.shape[1])[None, :] - problem.query_positions[:, None]
         bias = bias + problem.alibi_slopes[None, :, None] * offsets[:, None, :]
-    return bias.astype(np.float32)
+    rows = problem.padded_rows()
+    padded = np.where((rows >= 0)[:, None, :, None], bias[rows].transpose(0, 2, 1, 3), 0.0)
+    return padded.astype(np.float32)
+
+
+def padded_queries(problem) -> np.ndarray:
+    """q as ``(batch, heads, longest query_len, dim)``, zeros in padding rows."""
+    rows = problem.padded_rows()
+    q = np.where((rows >= 0)[..., None, None], problem.q[rows], 0).astype(problem.q.dtype)
+    return np.ascontiguousarray(q.transpose(0, 2, 1, 3))
+
+
+def packed(tensor, problem):
+    """``(batch, heads, longest query_len[, dim])`` results back to the packed query rows."""
+    import torch
+
+    sequence, draft = np.nonzero(problem.padded_rows() >= 0)  # row-major: the packed order
+    return tensor[torch.as_tensor(sequence, device=tensor.device), :,
+                  torch.as_tensor(draft, device=tensor.device)]
 
 
 class TorchSdpa(TorchBackend):
     name = "torch-sdpa"
     description = ("the LSE-returning op behind F.scaled_dot_product_attention over pages "
                    "gathered into a contiguous cache (flash for CPU, memory-efficient on CUDA)")
-    capabilities = Capabilities(features=FEATURES | {"alibi"}, devices=("cpu", "cuda"))
+    capabilities = Capabilities(features=FEATURES | {"alibi", "multi_token", "draft_mask"},
+                                devices=("cpu", "cuda"))
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         import torch
 
-        batch, hq, d = problem.q.shape
         keys, values, attended = contiguous_cache(problem)
-        bias = attention_bias(problem, attended)  # (batch, heads, longest): 0 or -inf, ALiBi
+        bias = attention_bias(problem, attended)  # (batch, heads, queries, longest)
         scale = float(problem.sm_scale)
-        q = self.upload(problem.q).reshape(batch, hq, 1, d)
+        q = self.upload(padded_queries(problem))
         if device() == "cuda":
             # the memory-efficient kernel wants one KV head per query head and a bias whose
             # last dimension is a multiple of 16
@@ -223,22 +256,22 @@ class TorchSdpa(TorchBackend):
             k = self.upload(np.ascontiguousarray(np.repeat(keys, group, axis=1)))
             v = self.upload(np.ascontiguousarray(np.repeat(values, group, axis=1)))
             padded = -(-attended.shape[1] // 16) * 16
-            full = np.full((batch, hq, 1, padded), -np.inf, dtype=np.float32)
-            full[:, :, 0, :attended.shape[1]] = bias
+            full = np.full((*bias.shape[:3], padded), -np.inf, dtype=np.float32)
+            full[..., :attended.shape[1]] = bias
             bias_t = self.upload(full).to(q.dtype)[..., :attended.shape[1]]
             op = torch.ops.aten._scaled_dot_product_efficient_attention
 
             def call() -> None:
                 output, log_sum_exp, _, _ = op(q, k, v, bias_t, True, 0.0, False, scale=scale)
-                self.results = (output.reshape(batch, hq, d), log_sum_exp[..., 0])
+                self.results = (packed(output, problem), packed(log_sum_exp, problem))
         else:
             k = self.upload(np.ascontiguousarray(keys))
             v = self.upload(np.ascontiguousarray(values))
-            mask = self.upload(bias[:, :, None, :]).to(q.dtype)
+            mask = self.upload(bias).to(q.dtype)
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
             def call() -> None:
                 output, log_sum_exp = op(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-                self.results = (output.reshape(batch, hq, d), log_sum_exp.reshape(batch, hq))
+                self.results = (packed(output, problem), packed(log_sum_exp, problem))
         self.results = (torch.empty(0), torch.empty(0))
         return call
