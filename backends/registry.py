@@ -29,6 +29,7 @@ BUILTINS: dict[str, str] = {
     "torch-sdpa": "backends.torch.backends:TorchSdpa",
     "flashinfer": "backends.flashinfer.backends:FlashInferDecode",
     "flashinfer-tc": "backends.flashinfer.backends:FlashInferTensorCores",
+    "flashinfer-prefill": "backends.flashinfer.backends:FlashInferPrefill",
 }
 
 

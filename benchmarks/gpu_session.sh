@@ -26,6 +26,9 @@
 #   bash benchmarks/gpu_session.sh modifiers           # issue 19: the soft-cap, sink-logit,
 #        ALiBi and served-model families (ci, then the full served models) on the GPU
 #        backends, and the FlashInfer reproducers in docs/findings/
+#   bash benchmarks/gpu_session.sh multi-token         # issue 20: the ci multi-token cases on
+#        the GPU backends that claim them, reproducers (PROBES), the gpu bench shapes with 4
+#        query tokens and 1 on triton-splitkv and FlashInfer; carry .flashinfer/
 #   bash benchmarks/gpu_session.sh explore-variants    # explore --fp8 on the fp8 backends and
 #        explore (which draws the modifiers where claimed) on the modifier ones, side by side
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -164,6 +167,25 @@ PY
       BACKENDS="$gpu_backends" JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
     [[ ${SERVED_FULL:-1} == 1 ]] && ( OUT=$OUT/full PROFILE=full FILTER="served-models/" \
       BACKENDS="$gpu_backends" JOBS=14 RUN_TIMEOUT=${RUN_TIMEOUT:-220} bash "$0" conformance )
+    ;;
+  multi-token)
+    # issue 20: the multi-token families (ci: every query length and mask across the edge
+    # families) on the GPU backends that claim them, the FlashInfer reproducers, and the gpu
+    # bench shapes with 4 query tokens against one (triton-splitkv, FlashInfer's prefill
+    # path for 4, its tensor-core decode for 1)
+    mt_backends="triton-splitkv torch-flex torch-sdpa flashinfer-prefill"
+    for probe in ${PROBES:-docs/findings/flashinfer_alibi_lse_absolute.py}; do
+      echo "== $probe"; timeout 120 python3 "$probe" 2>&1 | tail -8
+    done > "$OUT/reproducers.txt" 2>&1 &
+    probes=$!
+    ( OUT=$OUT/ci PROFILE=ci FILTER=qlen BACKENDS="$mt_backends" JOBS=14 \
+      RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
+    wait "$probes"; cat "$OUT/reproducers.txt"
+    mkdir -p "$OUT/bench"
+    for name in ${BENCH_BACKENDS:-triton-splitkv flashinfer-prefill flashinfer-tc}; do
+      timeout "${BENCH_TIMEOUT:-100}" python3 -m conformance bench --shapes gpu --rounds 2 \
+        --backend "$name" --report-json "$OUT/bench/$name.json" 2>&1 | tail -30
+    done
     ;;
   explore-variants)
     mkdir -p "$OUT/fp8" "$OUT/modifiers"

@@ -1,12 +1,14 @@
 """Launch-parameter sweep of the split-KV kernel on the GPU shapes (run on a GPU machine).
 
-    python benchmarks/sweep_splitkv.py --out sweep.json [--fp8]
+    python benchmarks/sweep_splitkv.py --out sweep.json [--fp8 | --splits]
 
 For every shape of the ``gpu`` set and every (BLOCK_N, num_warps, num_stages, waves), the
 median time by ``time_cuda``; prints the best configuration per shape. ``--fp8``: the shapes'
 e4m3 twins (per-tensor scales) over the pipeline depths and the ways of reading fp8 tiles
 (``fp8_words``); each row records how far its output lies from the first configuration's
-(the same values whichever way the codes are read: 0).
+(the same values whichever way the codes are read: 0). ``--splits``: every shape, float16
+and e4m3, at its default configuration over split counts that fill the GPU with k = 1..6
+programs per SM (and one either side), next to the count the heuristic picks.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--fp8", action="store_true", help="the e4m3 twins of the shapes")
+    parser.add_argument("--splits", action="store_true",
+                        help="split counts at the default configuration, both caches")
     args = parser.parse_args()
     grid = GRID_FP8 if args.fp8 else GRID
     mode = runtime.select_mode()
     import torch
 
     from backends.triton.kernel_common import choose_splits
-    from backends.triton.splitkv_kernel import splitkv_decode
+    from backends.triton.splitkv_kernel import splitkv_decode, tile_config
     from backends.triton.validation import Scales
     from conformance.bench import copy_bandwidth, select_shapes, time_cuda
     from conformance.problem import materialise, poisoned_outputs
@@ -44,7 +48,7 @@ def main() -> None:
     copy_rate = copy_bandwidth()
     rows = []
     for shape in select_shapes("gpu"):
-        if (shape.kv_dtype is not None) != args.fp8:
+        if (shape.kv_dtype is not None) != args.fp8 and not args.splits:
             continue
         problem = materialise(shape.case())
         tensors = {k: to_torch(v, "cuda") for k, v in problem.arrays().items()}
@@ -52,10 +56,23 @@ def main() -> None:
         out_t, lse_t = to_torch(out, "cuda"), to_torch(lse, "cuda")
         scales = Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"))
         best, first = None, None
-        for values in itertools.product(*grid.values()):
-            config = dict(zip(grid, values, strict=True))
-            splits = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
-                                   config["BLOCK_N"], config["waves"])
+        default = tile_config(shape.head_dim, shape.kv_dtype is not None)
+        picked = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
+                               default["BLOCK_N"], default["waves"])
+        if args.splits:
+            per_split = shape.batch * shape.num_kv_heads
+            useful = -(-shape.context // (2 * default["BLOCK_N"]))
+            counts = {picked} | {max(1, round(k * mode.sm_count / per_split)) + step
+                                 for k in range(1, 7) for step in (-1, 0, 1)}
+            runs = [(default, n) for n in sorted(counts) if 1 <= n <= min(useful, 256)]
+        else:
+            runs = []
+            for values in itertools.product(*grid.values()):
+                config = dict(zip(grid, values, strict=True))
+                runs.append((config, choose_splits(shape.batch, shape.num_kv_heads,
+                                                   shape.context, mode.sm_count,
+                                                   config["BLOCK_N"], config["waves"])))
+        for config, splits in runs:
             call = partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                            tensors["block_table"], tensors["context_lens"], out_t, lse_t,
                            sm_scale=problem.sm_scale, num_splits=splits, validate=False,
@@ -71,7 +88,7 @@ def main() -> None:
             result = out_t.float().clone()
             if first is None:
                 first = result
-            rows.append({"shape": shape.name, **config, "splits": splits,
+            rows.append({"shape": shape.name, **config, "splits": splits, "picked": picked,
                          "median_us": seconds * 1e6, "fraction_of_copy": fraction,
                          "max_diff_from_first": float((result - first).abs().max())})
             if best is None or fraction > best["fraction_of_copy"]:

@@ -30,7 +30,7 @@ from conformance.worker import ContractError
 
 BENCH_PATH = Path(__file__).with_name("bench.toml")
 _FIELDS = {"name", "sets", "batch", "context", "num_qo_heads", "num_kv_heads", "head_dim",
-           "page_size", "dtype", "kv_dtypes"}
+           "page_size", "dtype", "kv_dtypes", "query_lens"}
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,14 @@ class BenchShape:
     page_size: int = 16
     dtype: str = "float16"
     kv_dtype: str | None = None  # an fp8 cache (per-tensor scales), else K and V in dtype
+    query_len: int = 1  # query tokens per sequence (causal drafts, its last positions)
 
     def case(self) -> Case:
         return Case(family="bench", tag=self.name, num_qo_heads=self.num_qo_heads,
                     num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                     page_size=self.page_size, dtype=self.dtype,
                     context_lens=(self.context,) * self.batch, kv_dtype=self.kv_dtype,
+                    query_lens=(self.query_len,) * self.batch if self.query_len > 1 else None,
                     batch_label=f"{self.batch}x[{self.context}]")
 
     @property
@@ -63,7 +65,8 @@ class BenchShape:
 
 def load_shapes(path: Path = BENCH_PATH) -> list[BenchShape]:
     """The shapes of a bench file; a shape listing ``kv_dtypes`` is one shape per KV dtype
-    (its own ``dtype``: the plain shape; an fp8 format: ``NAME-kv-e4m3``, per-tensor scales)."""
+    (its own ``dtype``: the plain shape; an fp8 format: ``NAME-kv-e4m3``, per-tensor scales),
+    and one listing ``query_lens`` one per query length (above one: ``NAME-q4``, causal)."""
     shapes = []
     for index, entry in enumerate(tomllib.loads(path.read_text()).get("shape", [])):
         unknown = set(entry) - _FIELDS
@@ -71,17 +74,30 @@ def load_shapes(path: Path = BENCH_PATH) -> list[BenchShape]:
             raise ValueError(f"{path.name}: shape #{index + 1}: unknown field(s) "
                              f"{sorted(unknown)}; known: {', '.join(sorted(_FIELDS))}")
         entry = {**entry, "sets": tuple(entry.get("sets", ()))}
-        dtype = entry.get("dtype", BenchShape.dtype)
-        for kv_dtype in entry.pop("kv_dtypes", [dtype]):
-            if kv_dtype == dtype:
-                shapes.append(BenchShape(**entry))
-            elif kv_dtype in FP8_DTYPES:
-                shapes.append(BenchShape(**{**entry, "kv_dtype": kv_dtype, "name":
-                                            f"{entry['name']}-kv-{SHORT_NAMES[kv_dtype]}"}))
-            else:
+        for query_len in entry.pop("query_lens", [1]):
+            if not isinstance(query_len, int) or query_len < 1:
                 raise ValueError(f"{path.name}: shape {entry.get('name')!r}: field "
-                                 f"'kv_dtypes' names {kv_dtype!r}; known: {dtype} (the "
-                                 f"shape's dtype), {', '.join(FP8_DTYPES)}")
+                                 f"'query_lens' lists {query_len!r}; want integers >= 1")
+            shapes.extend(_by_kv_dtype(path, entry if query_len == 1 else {
+                **entry, "query_len": query_len, "name": f"{entry['name']}-q{query_len}"}))
+    return shapes
+
+
+def _by_kv_dtype(path: Path, entry: dict) -> list[BenchShape]:
+    """One shape per entry of the entry's ``kv_dtypes``."""
+    shapes = []
+    entry = dict(entry)
+    dtype = entry.get("dtype", BenchShape.dtype)
+    for kv_dtype in entry.pop("kv_dtypes", [dtype]):
+        if kv_dtype == dtype:
+            shapes.append(BenchShape(**entry))
+        elif kv_dtype in FP8_DTYPES:
+            shapes.append(BenchShape(**{**entry, "kv_dtype": kv_dtype, "name":
+                                        f"{entry['name']}-kv-{SHORT_NAMES[kv_dtype]}"}))
+        else:
+            raise ValueError(f"{path.name}: shape {entry.get('name')!r}: field "
+                             f"'kv_dtypes' names {kv_dtype!r}; known: {dtype} (the "
+                             f"shape's dtype), {', '.join(FP8_DTYPES)}")
     return shapes
 
 

@@ -19,6 +19,14 @@ standard ones; explicit slopes are not accepted), the per-head sink logits as ``
 documented as "appended to each row of the softmax denominator" (its fa2 kernels ignore them:
 a finding, in the manifests). ALiBi with a soft-cap is not claimed: ``variants.cuh`` adds the
 bias inside the cap and scales the score twice (the spec caps, then biases).
+
+Several query tokens per sequence go where serving stacks send speculative verification:
+``flashinfer-prefill`` is ``BatchPrefillWithPagedKVCacheWrapper`` over the same pages, the
+packed queries' ``qo_indptr``, ``causal=True`` (FlashInfer aligns the causal mask to the end
+of the KV, as the spec places the drafts), and for a draft mask its documented
+``custom_mask``: per request a ``(query_len, kv_len)`` boolean block, flattened and joined.
+The decode wrappers take one query token per sequence; the prefill adapter takes only
+several (one token a sequence is the decode wrappers' job).
 """
 
 from __future__ import annotations
@@ -63,9 +71,12 @@ def load_flashinfer():
         sys.modules["flashinfer"] = package
         import flashinfer.cascade
         import flashinfer.decode
+        import flashinfer.prefill
 
         package.BatchDecodeWithPagedKVCacheWrapper = \
             flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper
+        package.BatchPrefillWithPagedKVCacheWrapper = \
+            flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper
         package.merge_state = flashinfer.cascade.merge_state
         return package
 
@@ -162,15 +173,21 @@ class FlashInferDecode(Backend):
                      logits_soft_cap=problem.soft_cap,
                      pos_encoding_mode="NONE" if problem.alibi_slopes is None else "ALIBI")
 
+        extra = self.run_arguments(problem)
+
+        def call() -> None:
+            self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
+        return call
+
+    def run_arguments(self, problem) -> dict:
+        """What ``run()`` takes besides q and the pages: per-tensor fp8 scales as floats,
+        the sink logits."""
         extra = {}
         if problem.k_scale is not None:  # per-tensor: FlashInfer's float arguments
             extra = {"k_scale": float(problem.k_scale[0]), "v_scale": float(problem.v_scale[0])}
         if problem.sink_logits is not None:
             extra["sinks"] = to_torch(problem.sink_logits, "cuda")
-
-        def call() -> None:
-            self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
-        return call
+        return extra
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
         import torch
@@ -191,3 +208,53 @@ class FlashInferTensorCores(FlashInferDecode):
     capabilities = replace(FlashInferDecode.capabilities, group_sizes=None)
     use_tensor_cores = True
 
+
+
+def custom_mask(problem) -> np.ndarray:
+    """FlashInfer's ``custom_mask``: per sequence a ``(query_len, kv_len)`` boolean block
+    (the context before the drafts visible, the drafts as the draft mask says), flattened
+    row-major and joined in batch order."""
+    blocks = []
+    for b, (n, query_len) in enumerate(zip(problem.context_lens.tolist(),
+                                           problem.row_lens.tolist(), strict=True)):
+        rows = problem.rows_of([b])
+        block = np.ones((query_len, n), dtype=bool)
+        block[:, n - query_len:] = problem.draft_mask[rows, :query_len]
+        blocks.append(block.reshape(-1))
+    return np.concatenate(blocks)
+
+
+class FlashInferPrefill(FlashInferDecode):
+    name = "flashinfer-prefill"
+    description = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper over the paged cache: the "
+                   "speculative-verification path (causal=True, custom_mask for a draft mask)")
+    capabilities = replace(FlashInferDecode.capabilities, group_sizes=None,
+                           features=FlashInferDecode.capabilities.features
+                           | {"multi_token", "draft_mask"})
+
+    def unsupported_reason(self, case) -> str | None:
+        if case.query_lens is None:
+            return ("one query token per sequence: the decode wrappers (flashinfer, "
+                    "flashinfer-tc) are FlashInfer's path for it")
+        return super().unsupported_reason(case)
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        flashinfer = load_flashinfer()
+        indptr, indices, last = (to_torch(a, "cuda") for a in csr_page_table(problem))
+        q = to_torch(problem.q, "cuda")
+        k, v = to_torch(problem.k_pages, "cuda"), to_torch(problem.v_pages, "cuda")
+        mask = None if problem.draft_mask is None else to_torch(custom_mask(problem), "cuda")
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace,
+                                                                 kv_layout="NHD")
+        wrapper.plan(to_torch(problem.query_start, "cuda"), indptr, indices, last,
+                     problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
+                     problem.page_size, custom_mask=mask, causal=mask is None,
+                     window_left=problem.window - 1 if problem.window is not None else -1,
+                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale,
+                     logits_soft_cap=problem.soft_cap,
+                     pos_encoding_mode="NONE" if problem.alibi_slopes is None else "ALIBI")
+        extra = self.run_arguments(problem)
+
+        def call() -> None:
+            self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
+        return call
