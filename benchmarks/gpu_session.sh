@@ -178,7 +178,7 @@ PY
       echo "== $probe"; timeout 120 python3 "$probe" 2>&1 | tail -8
     done > "$OUT/reproducers.txt" 2>&1 &
     probes=$!
-    ( OUT=$OUT/ci PROFILE=ci FILTER=qlen BACKENDS="$mt_backends" JOBS=14 \
+    ( OUT=$OUT/ci PROFILE=ci FILTER=qlen BACKENDS="${MT_BACKENDS:-$mt_backends}" JOBS=14 \
       RUN_TIMEOUT=${RUN_TIMEOUT:-300} bash "$0" conformance )
     wait "$probes"; cat "$OUT/reproducers.txt"
     mkdir -p "$OUT/bench"

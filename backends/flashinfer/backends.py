@@ -26,7 +26,10 @@ packed queries' ``qo_indptr``, ``causal=True`` (FlashInfer aligns the causal mas
 of the KV, as the spec places the drafts), and for a draft mask its documented
 ``custom_mask``: per request a ``(query_len, kv_len)`` boolean block, flattened and joined.
 The decode wrappers take one query token per sequence; the prefill adapter takes only
-several (one token a sequence is the decode wrappers' job).
+several (one token a sequence is the decode wrappers' job). It asks for the ``fa2`` kernels,
+the ones the tensor-core decode runs: ``backend="auto"`` picks ``fa3`` on Hopper for a causal
+mask (``fa2`` for a custom one), whose JIT build needs CUTLASS (not in the carried bundle)
+and minutes per module; an ``fa3`` adapter is this class with ``kernels = "fa3"``.
 """
 
 from __future__ import annotations
@@ -231,6 +234,7 @@ class FlashInferPrefill(FlashInferDecode):
     capabilities = replace(FlashInferDecode.capabilities, group_sizes=None,
                            features=FlashInferDecode.capabilities.features
                            | {"multi_token", "draft_mask"})
+    kernels = "fa2"  # FlashInfer's backend= (see the module docstring)
 
     def unsupported_reason(self, case) -> str | None:
         if case.query_lens is None:
@@ -245,7 +249,8 @@ class FlashInferPrefill(FlashInferDecode):
         k, v = to_torch(problem.k_pages, "cuda"), to_torch(problem.v_pages, "cuda")
         mask = None if problem.draft_mask is None else to_torch(custom_mask(problem), "cuda")
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace,
-                                                                 kv_layout="NHD")
+                                                                 kv_layout="NHD",
+                                                                 backend=self.kernels)
         wrapper.plan(to_torch(problem.query_start, "cuda"), indptr, indices, last,
                      problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
                      problem.page_size, custom_mask=mask, causal=mask is None,
