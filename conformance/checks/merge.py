@@ -20,7 +20,7 @@ from conformance.checks.trial import (
 )
 from conformance.problem import Problem
 from conformance.status import Status
-from conformance.tolerances import lse_error
+from conformance.tolerances import lse_error, merge_rounding
 from references import merge_reference
 
 
@@ -115,7 +115,9 @@ def check_merge(trial: Trial) -> list[Outcome]:
             pieces[scheme] = states
             merged = trial.with_sink(_fold(trial, states))
             outcome = trial.compare(check, merged, ref_out, ref_lse, scale=len(states),
-                                    what=f"{len(states)} segments merged vs oracle")
+                                    what=f"{len(states)} segments merged vs oracle",
+                                    out_floor=merge_rounding([s.lse for s in states],
+                                                             len(states) - 1))
             outcomes.append(outcome)
         except Exception as exc:
             outcomes.append(fault_outcome(check, exc))
@@ -133,7 +135,8 @@ def check_merge(trial: Trial) -> list[Outcome]:
             ("merge/associative", lambda: trial.compare(
                 "merge/associative", trial.merge(a, trial.merge(b, c)),
                 *_as_pair(trial.merge(trial.merge(a, b), c)), scale=2,
-                what="tree vs left-to-right")),
+                what="tree vs left-to-right",
+                out_floor=2 * merge_rounding([a.lse, b.lse, c.lse], 2))),
             ("merge/lse-gap", lambda: _lse_gap(trial, a, b)),
         ]
     return outcomes + run_each(algebra)

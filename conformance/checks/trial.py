@@ -309,13 +309,17 @@ class Trial:
                               lse=np.full(shape[:2], self.empty_lse, dtype=np.float32))
 
     def compare(self, check: str, got: AttentionState, want_out: np.ndarray | None,
-                want_lse: np.ndarray | None, scale: float = 1.0, what: str = "") -> Outcome:
+                want_lse: np.ndarray | None, scale: float = 1.0, what: str = "",
+                out_floor: float = 0.0) -> Outcome:
         """Outcome of comparing a state with a wanted one: its output and (if wanted and the
-        backend writes one) its LSE, judged by whichever is further past its budget.
+        backend writes one) its LSE, judged by whichever is further past its budget (the
+        output's at least ``out_floor``: rounding the check itself brings, as a merge's).
 
         Against the oracle's output, a pass within a budget that admits a trivially wrong
         answer is ``cannot-judge``, not ``passed``."""
         out_budget, lse_budget = (b.scaled(scale) for b in self.budget)
+        if out_floor > out_budget.value:
+            out_budget = Budget(out_floor, out_budget.ratio)
         parts = []  # (error / budget, error, budget, message if it fails)
         suffix = f" ({what})" if what else ""
         if want_out is not None:
