@@ -91,18 +91,24 @@ class TvmBackend(Backend):
         return self.tvm.runtime.tensor(np.ascontiguousarray(array), self.device)
 
     def decode_call(self, problem, out: np.ndarray, lse: np.ndarray):
-        """The kernel launch on converted inputs, and how to read results back."""
+        """The kernel launch on converted inputs, and how to read results back: the decode
+        kernel for one query token per sequence, the (causal) prefill kernel for several."""
         kv = tvm_layout(problem)
-        key = kernels.KernelKey("decode", self.target, problem.num_qo_heads,
-                                problem.num_kv_heads, problem.head_dim,
+        drafts = problem.query_lens is not None
+        key = kernels.KernelKey("prefill" if drafts else "decode", self.target,
+                                problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
                                 dtype_name(problem.dtype), problem.page_size,
                                 kv.sliding_window)
         function = self.cache.get(key)
         zeros = np.zeros(problem.batch, dtype=np.int32)
         out_t, lse_t = self.tensor(out), self.tensor(lse)
-        args = [self.tensor(problem.q), self.tensor(kv.pages), self.tensor(kv.page_indptr),
-                self.tensor(kv.page_values), self.tensor(kv.length_info), self.tensor(zeros),
-                self.tensor(zeros), out_t, lse_t]
+        pages = [self.tensor(kv.pages), self.tensor(kv.page_indptr), self.tensor(kv.page_values),
+                 self.tensor(kv.length_info), self.tensor(zeros)]
+        if drafts:  # q_indptr after q, q_rope_position per token; causal = 1, no RoPE
+            args = [self.tensor(problem.q), self.tensor(problem.query_start), *pages,
+                    self.tensor(np.zeros(problem.tokens, dtype=np.int32)), out_t, lse_t, 1]
+        else:
+            args = [self.tensor(problem.q), *pages, self.tensor(zeros), out_t, lse_t]
 
         def call() -> None:
             function(*args, 0, 1.0, 1e4, float(problem.sm_scale))
@@ -140,8 +146,18 @@ class TvmBackend(Backend):
 class TvmCpu(TvmBackend):
     name = "tvm-cpu"
     description = ("TVM 0.27 _attention_decode_cpu and _merge_state_inplace_cpu, LLVM target, "
-                   "from the installed apache-tvm")
+                   "from the installed apache-tvm; _attention_prefill_cpu (causal) for several "
+                   "query tokens per sequence")
     target = "llvm"
+    capabilities = replace(TvmBackend.capabilities,
+                           features=TvmBackend.capabilities.features | {"multi_token"})
+
+    def unsupported_reason(self, case) -> str | None:
+        if case.query_lens is not None and case.window is not None:
+            return ("several query tokens with a sliding window: TVM's prefill kernel takes "
+                    "its window size at compile time (sliding_window_size) beside the cache's "
+                    "sink and offset; not adapted")
+        return super().unsupported_reason(case)
 
 
 class TvmCuda(TvmBackend):

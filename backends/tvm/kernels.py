@@ -28,7 +28,7 @@ AOT_ENV_NAME = "CONFORMANCE_TVM_AOT"
 
 @dataclass(frozen=True)
 class KernelKey:
-    kernel: str  # "decode" or "merge"
+    kernel: str  # "decode", "prefill" (several query tokens, causal) or "merge"
     target: str  # "llvm" or "cuda"
     num_qo_heads: int
     num_kv_heads: int
@@ -53,7 +53,8 @@ class KernelKey:
                    bool(sliding))
 
 
-_FILENAME = re.compile(r"(decode|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)(-sw)?\.so")
+_FILENAME = re.compile(r"(decode|prefill|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)"
+                       r"(-sw)?\.so")
 
 
 def built_keys(aot_dir: Path) -> set[KernelKey]:
@@ -93,8 +94,17 @@ def prim_func(key: KernelKey):
     """TVM's own kernel for a key, from the installed package."""
     import_tvm()
     from tvm.relax.frontend.nn.llm import _decode_kernels as kernels
+    from tvm.relax.frontend.nn.llm import _prefill_kernels
 
     target = cuda_target() if key.target == "cuda" else None
+    if key.kernel == "prefill":  # no sliding window: its size is compiled in (not claimed)
+        if key.target == "llvm":
+            return _prefill_kernels._attention_prefill_cpu(
+                key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, False, {},
+                key.page_size)
+        return _prefill_kernels._attention_prefill(
+            key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, False, {}, target,
+            key.page_size)
     if key.kernel == "decode":
         if key.target == "llvm":
             return kernels._attention_decode_cpu(
@@ -111,6 +121,8 @@ def prim_func(key: KernelKey):
 def entry_name(key: KernelKey) -> str:
     if key.kernel == "merge":
         return "merge_state_inplace_cpu" if key.target == "llvm" else "merge_state_inplace"
+    if key.kernel == "prefill":
+        return "batch_prefill_paged_kv_cpu" if key.target == "llvm" else "batch_prefill_paged_kv"
     name = "batch_decode_paged_kv_cpu" if key.target == "llvm" else "batch_decode_paged_kv"
     return name + ("_sliding_window" if key.sliding_window else "")
 
@@ -253,6 +265,9 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
             for page_size in (case.page_size, case.page_size * 2):
                 keys.add(KernelKey("decode", target, case.num_qo_heads, kv_heads, case.head_dim,
                                    case.dtype, page_size, sliding))
+                if case.query_lens is not None:  # the drafts; one-token checks use decode
+                    keys.add(KernelKey("prefill", target, case.num_qo_heads, kv_heads,
+                                       case.head_dim, case.dtype, page_size))
     keys.add(KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim,
                        case.dtype))
     return keys
