@@ -115,6 +115,10 @@ def spec_entry(name: str, case: Case, doc: str) -> str:
             list(case.sink_logits)
     if case.alibi:
         fields["alibi"] = True if case.alibi is True else list(case.alibi)
+    if case.query_lens is not None:
+        fields["query_lens"] = list(case.query_lens)
+        if case.mask != Case.mask:
+            fields["mask"] = case.mask
     if case.table_padding != Case.table_padding:
         fields["table_padding"] = case.table_padding
     fields["seed"] = case.seed  # the values drawn, whatever the entry is named

@@ -110,6 +110,21 @@ def _modifiers(draw: st.DrawFn, features: frozenset[str], num_qo_heads: int) -> 
     return fields
 
 
+def _drafts(draw: st.DrawFn, features: frozenset[str], context_lens: list[int]) -> dict:
+    """Several query tokens per sequence where claimed, on one example of three: 1-8 per
+    sequence (a context grown to hold its drafts), causal or, where claimed, a tree, a chain
+    or all drafts seeing all. Shrinks to one token per sequence."""
+    if "multi_token" not in features or draw(st.integers(0, 2)) != 2:
+        return {}
+    lens = [draw(st.integers(1, 8)) for _ in context_lens]
+    for b, query_len in enumerate(lens):
+        context_lens[b] = max(context_lens[b], query_len)
+    fields: dict = {"query_lens": tuple(lens)}
+    if "draft_mask" in features and draw(st.booleans()):
+        fields["mask"] = draw(st.sampled_from(("tree", "chain", "all")))
+    return fields
+
+
 @st.composite
 def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_CAP,
           features: frozenset[str] | None = None, fp8: bool = False) -> Case:
@@ -164,6 +179,7 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     num_splits = None  # a split count the backend names, crossed with every distribution
     if "split_k" in features and capabilities.split_counts and draw(st.booleans()):
         num_splits = draw(st.sampled_from(capabilities.split_counts))
+    drafts = _drafts(draw, features, context_lens)
     num_qo_heads = num_kv_heads * group
     if wide:
         assume(num_qo_heads <= 4)  # a backend's instances may hold no tinier one
@@ -174,7 +190,7 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
                 sinks=sinks or 0, sm_scale=sm_scale, num_splits=num_splits,
                 pool_pages=pool_pages,
                 **_quantization(draw, capabilities, num_kv_heads, fp8),
-                **_modifiers(draw, features, num_qo_heads))
+                **_modifiers(draw, features, num_qo_heads), **drafts)
     assume(capabilities.unsupported_reason(case) is None)
     return case
 

@@ -23,7 +23,7 @@ class EmptyRowsUnwritten(NumpySplitK):
     name = "bug-empty-rows-unwritten"
 
     def decode(self, problem, out, lse, *, num_splits=None):
-        empty = problem.context_lens == 0
+        empty = problem.context_lens[problem.row_sequence] == 0  # per query row
         kept_out, kept_lse = out[empty].copy(), lse[empty].copy()
         super().decode(problem, out, lse, num_splits=num_splits)
         out[empty], lse[empty] = kept_out, kept_lse

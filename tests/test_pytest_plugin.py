@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance.spec import default_spec
+
 ROOT = Path(__file__).resolve().parent.parent
+SMOKE = len(default_spec().cases("smoke"))  # one test per case and check family (6)
 
 
 def pytest_run(*args):
@@ -26,7 +29,7 @@ def ask(backend, *args, profile="smoke"):
 def test_backend_option_runs_only_conformance_tests_with_case_ids():
     result, counts = ask("numpy", "-rA")
     assert result.returncode == 0, result.stdout[-3000:]
-    assert counts["passed"] == 16 * 6 and counts.get("deselected", 0) > 0
+    assert counts["passed"] == SMOKE * 6 and counts.get("deselected", 0) > 0
     assert "numpy/empty-context/q8kv2-d64-ps16-f32/ctx[0,21,40]-normal/poison" in result.stdout
 
 
@@ -47,7 +50,7 @@ def test_unsupported_cases_are_skipped_with_the_capability_as_reason(tmp_path):
     result, counts = ask(f"{skeleton}:SkBackend", "conformance/test_conformance.py", "-rs",
                          "--conformance-allow-empty")
     assert result.returncode == 0
-    assert counts["skipped"] == 16 * 6 and "passed" not in counts
+    assert counts["skipped"] == SMOKE * 6 and "passed" not in counts
     assert "unsupported: skeleton: declare capabilities" in result.stdout
 
 
@@ -57,11 +60,11 @@ def test_a_backend_that_judges_nothing_fails_the_run_unless_allowed(tmp_path):
     skeleton = tmp_path / "sk.py"
     subprocess.run([sys.executable, "-m", "conformance", "new-backend", "sk", "--out",
                     str(skeleton)], cwd=ROOT, check=True, capture_output=True)
-    for backend, why in ((f"{skeleton}:SkBackend", "claims none of the 16 selected cases"),
+    for backend, why in ((f"{skeleton}:SkBackend", f"claims none of the {SMOKE} selected cases"),
                          ("flashinfer", "is unavailable here")):
         result, counts = ask(backend, "conformance/test_conformance.py")
         assert result.returncode == 1 and why in result.stdout, result.stdout[-2000:]
-        assert counts["failed"] == 16 * 6 and "skipped" not in counts
+        assert counts["failed"] == SMOKE * 6 and "skipped" not in counts
     narrow = tmp_path / "narrow.py"
     narrow.write_text("from backends.base import Capabilities\n"
                       "from backends.numpy_splitk import NumpySplitK\n\n"
