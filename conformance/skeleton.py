@@ -27,6 +27,11 @@ Add a backend in ten minutes:
        "per-token"   the same                           (num_pages, page_size, num_kv_heads)
    An fp8 query (q_dtypes): q holds codes, problem.q_scale (1,), the output is problem.dtype.
    Hand codes and scales to your kernel as its users do; never dequantize for it.
+   Several query tokens per sequence (features "multi_token", "draft_mask"): q, out and lse
+   have one row per query token, packed; problem.query_lens (batch,) int32, its index
+   pointer problem.query_start (batch + 1,), problem.padded_rows() for a padded layout;
+   problem.draft_mask (tokens, max query_len) bool or None (causal). The drafts are each
+   sequence's last positions; windows and ALiBi count from each draft's own position.
    bfloat16 and fp8 arrays are ml_dtypes types, which torch.from_numpy refuses: convert with
        from backends.tensors import to_numpy, to_torch
        q = to_torch(problem.q, "cuda")      ...      out[...] = to_numpy(result, out)
@@ -59,7 +64,8 @@ class {cls}(Backend):
         page_sizes=None,
         max_group_size=None,
         instances=None,  # or the (qo heads, kv heads, head_dim, page_size, dtype) you built
-        features=frozenset(),  # any of "lse", "merge", "split_k", "sliding_window", "sinks"
+        features=frozenset(),  # any of "lse", "merge", "split_k", "sliding_window", "sinks",
+        # "soft_cap", "sink_logits", "alibi", "multi_token", "draft_mask"
         devices=("cpu",),
         float32_matmul="ieee",  # "tf32" if float32 matmuls run in TF32
         kv_dtypes=frozenset(),  # fp8 caches read: "float8_e4m3fn", "float8_e5m2"
