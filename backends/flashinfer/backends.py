@@ -163,24 +163,31 @@ class FlashInferDecode(Backend):
         lse[...] = to_numpy(self.results[1] * np.log(2.0), lse)  # base 2 -> natural
 
     def prepare(self, problem, out, lse, *, num_splits=None):
-        flashinfer = load_flashinfer()
-        indptr, indices, last = (to_torch(a, "cuda") for a in csr_page_table(problem))
         q = to_torch(problem.q, "cuda")
         k, v = to_torch(problem.k_pages, "cuda"), to_torch(problem.v_pages, "cuda")
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_tensor_cores=self.use_tensor_cores)
-        wrapper.plan(indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
-                     problem.head_dim, problem.page_size,
-                     window_left=problem.window - 1 if problem.window is not None else -1,
-                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale,
-                     logits_soft_cap=problem.soft_cap,
-                     pos_encoding_mode="NONE" if problem.alibi_slopes is None else "ALIBI")
-
+        wrapper = self.planned(problem, q, k)
         extra = self.run_arguments(problem)
 
         def call() -> None:
             self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
         return call
+
+    def planned(self, problem, q, k):
+        """The wrapper, planned for the problem."""
+        wrapper = load_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_tensor_cores=self.use_tensor_cores)
+        wrapper.plan(*(to_torch(a, "cuda") for a in csr_page_table(problem)),
+                     problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
+                     problem.page_size, **self.plan_options(problem, q, k))
+        return wrapper
+
+    def plan_options(self, problem, q, k) -> dict:
+        """What ``plan()`` takes besides the page table and the shape: the window, dtypes,
+        scale, soft-cap and ALiBi."""
+        return {"window_left": problem.window - 1 if problem.window is not None else -1,
+                "q_data_type": q.dtype, "kv_data_type": k.dtype, "sm_scale": problem.sm_scale,
+                "logits_soft_cap": problem.soft_cap,
+                "pos_encoding_mode": "NONE" if problem.alibi_slopes is None else "ALIBI"}
 
     def run_arguments(self, problem) -> dict:
         """What ``run()`` takes besides q and the pages: per-tensor fp8 scales as floats,
@@ -242,24 +249,13 @@ class FlashInferPrefill(FlashInferDecode):
                     "flashinfer-tc) are FlashInfer's path for it")
         return super().unsupported_reason(case)
 
-    def prepare(self, problem, out, lse, *, num_splits=None):
-        flashinfer = load_flashinfer()
-        indptr, indices, last = (to_torch(a, "cuda") for a in csr_page_table(problem))
-        q = to_torch(problem.q, "cuda")
-        k, v = to_torch(problem.k_pages, "cuda"), to_torch(problem.v_pages, "cuda")
+    def planned(self, problem, q, k):
         mask = None if problem.draft_mask is None else to_torch(custom_mask(problem), "cuda")
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace,
-                                                                 kv_layout="NHD",
-                                                                 backend=self.kernels)
-        wrapper.plan(to_torch(problem.query_start, "cuda"), indptr, indices, last,
+        wrapper = load_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", backend=self.kernels)
+        wrapper.plan(to_torch(problem.query_start, "cuda"),
+                     *(to_torch(a, "cuda") for a in csr_page_table(problem)),
                      problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
                      problem.page_size, custom_mask=mask, causal=mask is None,
-                     window_left=problem.window - 1 if problem.window is not None else -1,
-                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=problem.sm_scale,
-                     logits_soft_cap=problem.soft_cap,
-                     pos_encoding_mode="NONE" if problem.alibi_slopes is None else "ALIBI")
-        extra = self.run_arguments(problem)
-
-        def call() -> None:
-            self.results = wrapper.run(q, (k, v), return_lse=True, **extra)
-        return call
+                     **self.plan_options(problem, q, k))
+        return wrapper
