@@ -249,6 +249,11 @@ class FlashInferPrefill(FlashInferDecode):
                     "flashinfer-tc) are FlashInfer's path for it")
         return super().unsupported_reason(case)
 
+    def notes(self) -> list[str]:
+        flashinfer = load_flashinfer()
+        return [f"flashinfer {getattr(flashinfer, '__version__', '(version unknown)')}, "
+                f"BatchPrefillWithPagedKVCacheWrapper(backend={self.kernels!r})"]
+
     def planned(self, problem, q, k):
         mask = None if problem.draft_mask is None else to_torch(custom_mask(problem), "cuda")
         wrapper = load_flashinfer().BatchPrefillWithPagedKVCacheWrapper(

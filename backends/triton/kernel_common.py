@@ -98,8 +98,11 @@ def rows_per_program(tensor, tile: int) -> int:
 
 def choose_splits(batch: int, num_kv_heads: int, longest_kept: int, sm_count: int,
                   block_n: int, waves: float = 2.0) -> int:
-    """Enough programs to fill the GPU ``waves`` times, without splits shorter than 2 tiles."""
-    if longest_kept <= 0:
+    """Enough programs to fill the GPU ``waves`` times, without splits shorter than 2 tiles;
+    none when the unsplit grid fills every SM already (H200, 32 x 4096 tokens, 8 KV heads:
+    139 us unsplit against 160 us in two splits, fp16 and e4m3 alike;
+    benchmarks/results/h200-multi-token/sweep-splits.log)."""
+    if longest_kept <= 0 or batch * num_kv_heads >= sm_count:
         return 1
     wanted = math.ceil(waves * sm_count / max(1, batch * num_kv_heads))
     useful = math.ceil(longest_kept / (2 * block_n))
