@@ -92,26 +92,31 @@ class TvmBackend(Backend):
 
     def decode_call(self, problem, out: np.ndarray, lse: np.ndarray):
         """The kernel launch on converted inputs, and how to read results back: the decode
-        kernel for one query token per sequence, the (causal) prefill kernel for several."""
+        kernel for one query token per sequence, for several the causal prefill kernel or,
+        with a draft mask, the tree kernel."""
         kv = tvm_layout(problem)
-        drafts = problem.query_lens is not None
-        key = kernels.KernelKey("prefill" if drafts else "decode", self.target,
-                                problem.num_qo_heads, problem.num_kv_heads, problem.head_dim,
-                                dtype_name(problem.dtype), problem.page_size,
+        kind = "decode" if problem.query_lens is None else \
+            "prefill" if problem.draft_mask is None else "tree"
+        key = kernels.KernelKey(kind, self.target, problem.num_qo_heads, problem.num_kv_heads,
+                                problem.head_dim, dtype_name(problem.dtype), problem.page_size,
                                 kv.sliding_window)
         function = self.cache.get(key)
         zeros = np.zeros(problem.batch, dtype=np.int32)
         out_t, lse_t = self.tensor(out), self.tensor(lse)
         pages = [self.tensor(kv.pages), self.tensor(kv.page_indptr), self.tensor(kv.page_values),
                  self.tensor(kv.length_info), self.tensor(zeros)]
-        if drafts:  # q_indptr after q, q_rope_position per token; causal = 1, no RoPE
-            args = [self.tensor(problem.q), self.tensor(problem.query_start), *pages,
-                    self.tensor(np.zeros(problem.tokens, dtype=np.int32)), out_t, lse_t, 1]
-        else:
-            args = [self.tensor(problem.q), *pages, self.tensor(zeros), out_t, lse_t]
+        rope = [0, 1.0, 1e4, float(problem.sm_scale)]  # no RoPE: mode 0, scale, theta
+        if kind == "decode":
+            args = [self.tensor(problem.q), *pages, self.tensor(zeros), out_t, lse_t, *rope]
+        else:  # q_indptr after q, q_rope_position per token
+            queries = [self.tensor(problem.q), self.tensor(problem.query_start), *pages,
+                       self.tensor(np.zeros(problem.tokens, dtype=np.int32)), out_t, lse_t]
+            args = [*queries, 1, *rope] if kind == "prefill" else [
+                *queries, *rope, self.tensor(problem.query_start),
+                self.tensor(tree_order(problem))]
 
         def call() -> None:
-            function(*args, 0, 1.0, 1e4, float(problem.sm_scale))
+            function(*args)
 
         def read_back() -> None:
             out[...] = out_t.numpy()
@@ -143,20 +148,55 @@ class TvmBackend(Backend):
         return AttentionState(out=v.numpy(), lse=(s.numpy() * np.float32(LN2)).astype(np.float32))
 
 
+def tree_order(problem) -> np.ndarray:
+    """TVM's ``tree_order`` ``(tokens, 2)`` int32: each draft's [enter, exit) interval of a
+    depth-first walk of its sequence's draft tree (draft i sees draft j when j's interval
+    holds i's enter). Refuses a visibility matrix that is no tree."""
+    from references import tree_visibility
+
+    order = np.zeros((problem.tokens, 2), dtype=np.int32)
+    for b in range(problem.batch):
+        rows = problem.rows_of([b])
+        seen = problem.draft_mask[rows, :len(rows)]
+        parents = np.array([max((j for j in range(i) if seen[i, j]), default=-1)
+                            for i in range(len(rows))])
+        if not np.array_equal(tree_visibility(parents), seen):
+            raise ValueError(f"draft_mask of sequence {b} is not a tree (each draft seeing "
+                             f"itself and its ancestors): TVM's tree kernel takes trees only")
+        clock, stack = 0, [(int(root), False) for root in np.flatnonzero(parents == -1)[::-1]]
+        while stack:  # depth first: enter a draft, walk its children, then leave it
+            node, leaving = stack.pop()
+            if leaving:
+                order[rows[node], 1] = clock
+                continue
+            order[rows[node], 0] = clock
+            clock += 1
+            stack.append((node, True))
+            stack.extend((int(child), False) for child in np.flatnonzero(parents == node)[::-1])
+    return order
+
+
 class TvmCpu(TvmBackend):
     name = "tvm-cpu"
     description = ("TVM 0.27 _attention_decode_cpu and _merge_state_inplace_cpu, LLVM target, "
-                   "from the installed apache-tvm; _attention_prefill_cpu (causal) for several "
-                   "query tokens per sequence")
+                   "from the installed apache-tvm; _attention_prefill_cpu (causal) and "
+                   "tree_attn_with_paged_kv_cache_cpu (a draft tree) for several query tokens "
+                   "per sequence")
     target = "llvm"
-    capabilities = replace(TvmBackend.capabilities,
-                           features=TvmBackend.capabilities.features | {"multi_token"})
+    capabilities = replace(TvmBackend.capabilities, features=TvmBackend.capabilities.features
+                           | {"multi_token", "draft_mask"})
 
     def unsupported_reason(self, case) -> str | None:
         if case.query_lens is not None and case.window is not None:
             return ("several query tokens with a sliding window: TVM's prefill kernel takes "
                     "its window size at compile time (sliding_window_size) beside the cache's "
-                    "sink and offset; not adapted")
+                    "sink and offset, its tree kernel none; not adapted")
+        if case.query_lens is not None and case.mask == "all":
+            return ("every draft seeing every draft: TVM's tree kernel takes a tree (each "
+                    "draft's depth-first interval), which no such mask is")
+        if case.query_lens is not None and case.mask != "causal" and case.page_size != 16:
+            return (f"page size {case.page_size} with a draft tree: TVM's CPU tree kernel "
+                    f"(tree_attn_with_paged_kv_cache_cpu) reads pages of 16 tokens only")
         return super().unsupported_reason(case)
 
 

@@ -28,7 +28,8 @@ AOT_ENV_NAME = "CONFORMANCE_TVM_AOT"
 
 @dataclass(frozen=True)
 class KernelKey:
-    kernel: str  # "decode", "prefill" (several query tokens, causal) or "merge"
+    kernel: str  # "decode", "prefill" (several query tokens, causal), "tree" (a draft tree;
+    # the CPU kernel reads pages of 16 only) or "merge"
     target: str  # "llvm" or "cuda"
     num_qo_heads: int
     num_kv_heads: int
@@ -53,7 +54,7 @@ class KernelKey:
                    bool(sliding))
 
 
-_FILENAME = re.compile(r"(decode|prefill|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)"
+_FILENAME = re.compile(r"(decode|prefill|tree|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)"
                        r"(-sw)?\.so")
 
 
@@ -96,7 +97,16 @@ def prim_func(key: KernelKey):
     from tvm.relax.frontend.nn.llm import _decode_kernels as kernels
     from tvm.relax.frontend.nn.llm import _prefill_kernels
 
+    # the module, not the function of the same name the package exports
+    tree_attn = importlib.import_module("tvm.relax.frontend.nn.llm.tree_attn")
+
     target = cuda_target() if key.target == "cuda" else None
+    if key.kernel == "tree":
+        if key.target == "llvm":
+            return tree_attn.tree_attn_with_paged_kv_cache_cpu(
+                key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, {})
+        return tree_attn.tree_attn_with_paged_kv_cache(
+            key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, {}, target)
     if key.kernel == "prefill":  # no sliding window: its size is compiled in (not claimed)
         if key.target == "llvm":
             return _prefill_kernels._attention_prefill_cpu(
@@ -123,6 +133,8 @@ def entry_name(key: KernelKey) -> str:
         return "merge_state_inplace_cpu" if key.target == "llvm" else "merge_state_inplace"
     if key.kernel == "prefill":
         return "batch_prefill_paged_kv_cpu" if key.target == "llvm" else "batch_prefill_paged_kv"
+    if key.kernel == "tree":
+        return "tree_attn_paged_kv_cpu" if key.target == "llvm" else "tree_attn_paged_kv"
     name = "batch_decode_paged_kv_cpu" if key.target == "llvm" else "batch_decode_paged_kv"
     return name + ("_sliding_window" if key.sliding_window else "")
 
@@ -266,8 +278,9 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
                 keys.add(KernelKey("decode", target, case.num_qo_heads, kv_heads, case.head_dim,
                                    case.dtype, page_size, sliding))
                 if case.query_lens is not None:  # the drafts; one-token checks use decode
-                    keys.add(KernelKey("prefill", target, case.num_qo_heads, kv_heads,
-                                       case.head_dim, case.dtype, page_size))
+                    keys.add(KernelKey("prefill" if case.mask == "causal" else "tree", target,
+                                       case.num_qo_heads, kv_heads, case.head_dim, case.dtype,
+                                       page_size))
     keys.add(KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim,
                        case.dtype))
     return keys
