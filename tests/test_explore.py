@@ -268,7 +268,8 @@ def test_explore_draws_the_wide_regimes_with_tiny_heads():
             assert cost(case) <= WIDE_COST
 
     draw()
-    assert all(count >= 5 for count in seen.values()), seen
+    assert all(count >= 5 for count in seen.values()), "; ".join(
+        f"{regime}: {count}" for regime, count in seen.items())
 
 
 def test_explore_without_hypothesis_says_which_extra_in_one_line():

@@ -36,12 +36,15 @@ def _cuts(kept: int, page_size: int, scheme: str) -> list[int]:
     return [0, 0, half, half, kept]
 
 
-def _at_gap(cuts: list[int], kept: np.ndarray) -> list[int]:
-    """The cuts with one more: where the kept positions jump (first-N sinks, then the
-    window), or a repeat of the last cut (an empty segment) where they do not; every row
-    gains one, so segment ``j`` means the same in every row."""
-    jumps = np.flatnonzero(np.diff(kept) > 1)
-    return sorted([*cuts, int(jumps[0]) + 1 if jumps.size else cuts[-1]])
+def _at_gaps(cuts: list[list[int]], kept: list[np.ndarray]) -> list[list[int]]:
+    """Each row's cuts with one more wherever its kept positions jump (first-N sinks, then
+    the window; a draft tree's branches not taken), and repeats of its last cut (empty
+    segments) up to the most jumps of any row, so segment ``j`` means the same in every
+    row."""
+    jumps = [np.flatnonzero(np.diff(k) > 1) + 1 for k in kept]
+    most = max((j.size for j in jumps), default=0)
+    return [sorted([*c, *j.tolist(), *[c[-1]] * (most - j.size)])
+            for c, j in zip(cuts, jumps, strict=True)]
 
 
 def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
@@ -57,7 +60,7 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
     kept = [problem.kept(r) for r in range(problem.tokens)]
     cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
     if problem.alibi_slopes is not None:
-        cuts = [_at_gap(c, k) for c, k in zip(cuts, kept, strict=True)]
+        cuts = _at_gaps(cuts, kept)
     count = len(cuts[0]) - 1
 
     def segment(j: int) -> Problem:
