@@ -98,8 +98,7 @@ class Problem:
     def query_positions(self) -> np.ndarray:
         """``(tokens,)``: the context position of each query row."""
         lens = self.row_lens
-        starts = np.repeat(np.cumsum(lens) - lens, lens)
-        draft = np.arange(self.tokens) - starts
+        draft = np.arange(self.tokens) - np.repeat(self.query_start[:-1], lens)
         return np.repeat(self.context_lens.astype(np.int64) - lens, lens) + draft
 
     @property
@@ -118,9 +117,8 @@ class Problem:
 
     def rows_of(self, sequences: list[int]) -> list[int]:
         """The query rows of the given sequences, in their order."""
-        lens = self.row_lens
-        starts = np.cumsum(lens) - lens
-        return [int(starts[b]) + t for b in sequences for t in range(int(lens[b]))]
+        starts = self.query_start
+        return [row for b in sequences for row in range(int(starts[b]), int(starts[b + 1]))]
 
     @property
     def num_qo_heads(self) -> int:
@@ -151,7 +149,7 @@ class Problem:
         """Positions that query row ``row`` attends to."""
         b = int(self.row_sequence[row])
         query_len = int(self.row_lens[b])
-        draft = int(row - (np.sum(self.row_lens[:b])))
+        draft = row - int(self.query_start[b])
         seen = None if self.draft_mask is None else self.draft_mask[row, :query_len]
         return kept_tokens(int(self.context_lens[b]), self.window, self.sinks, query_len, draft,
                            seen)
