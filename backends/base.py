@@ -17,6 +17,9 @@ import numpy as np
 
 from conformance.dtypes import DTYPES, FP8_DTYPES, SCALE_MODES
 
+# The problem kinds a backend may claim (conformance.spec.KINDS describes them).
+KIND_NAMES = ("gqa", "mla")
+
 if TYPE_CHECKING:
     from conformance.problem import Problem
     from conformance.spec import Case
@@ -48,6 +51,9 @@ class Capabilities:
     same-bits check. ``kv_dtypes`` are the fp8 formats the backend reads a quantized cache in
     and ``kv_scales`` the scale layouts it takes (``SCALE_MODES``); ``q_dtypes`` the fp8
     formats it takes a query in. Empty (the default): K, V and q in the case's dtype only.
+    ``kinds`` are the problem kinds it decodes (``gqa``, ``mla``: docs/design.md §3); for
+    MLA, ``latent_dims`` the ``(kv_lora_rank, rope_dim)`` pairs it has kernels for (None:
+    any), while ``head_dims`` then counts the key's whole width.
     """
 
     dtypes: frozenset[str] = frozenset({"float32", "float16", "bfloat16"})
@@ -64,10 +70,12 @@ class Capabilities:
     kv_dtypes: frozenset[str] = frozenset()
     kv_scales: frozenset[str] = frozenset()
     q_dtypes: frozenset[str] = frozenset()
+    kinds: frozenset[str] = frozenset({"gqa"})
+    latent_dims: frozenset[tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         # a typo here would claim nothing and pass everything as unsupported: refuse it
-        for name in ("dtypes", "features", "kv_dtypes", "kv_scales", "q_dtypes"):
+        for name in ("dtypes", "features", "kv_dtypes", "kv_scales", "q_dtypes", "kinds"):
             if isinstance(getattr(self, name), str) or not all(
                     isinstance(v, str) for v in getattr(self, name)):
                 raise ValueError(f"Capabilities.{name} must be a set of names, got "
@@ -83,11 +91,20 @@ class Capabilities:
                 raise ValueError(f"Capabilities.{name} must be None (any) or positive integers, "
                                  f"got {sorted(sizes, key=str)!r}")
         for name, known in (("kv_dtypes", FP8_DTYPES), ("kv_scales", SCALE_MODES),
-                            ("q_dtypes", FP8_DTYPES)):
+                            ("q_dtypes", FP8_DTYPES), ("kinds", KIND_NAMES)):
             unknown_names = set(getattr(self, name)) - set(known)
             if unknown_names:
                 raise ValueError(f"Capabilities.{name}: unknown {sorted(unknown_names)}; "
                                  f"known: {', '.join(known)}")
+        if not self.kinds:
+            raise ValueError("Capabilities.kinds must name at least one problem kind "
+                             f"({', '.join(KIND_NAMES)})")
+        if self.latent_dims is not None and (not self.latent_dims or not all(
+                isinstance(p, tuple) and len(p) == 2 and _positive_ints(p)
+                for p in self.latent_dims)):
+            raise ValueError(f"Capabilities.latent_dims must be None (any) or (kv_lora_rank, "
+                             f"rope_dim) pairs of positive integers, got "
+                             f"{sorted(self.latent_dims or (), key=str)!r}")
         if bool(self.kv_dtypes) != bool(self.kv_scales):
             raise ValueError(f"Capabilities.kv_dtypes {sorted(self.kv_dtypes)} and kv_scales "
                              f"{sorted(self.kv_scales)}: a quantized cache needs both")
@@ -119,6 +136,13 @@ class Capabilities:
 
     def unsupported_reason(self, case: Case) -> str | None:
         """Why this backend does not claim ``case``, or None when it does."""
+        if case.kind not in self.kinds:
+            return (f"problem kind {case.kind} not in capabilities ({_names(self.kinds)} "
+                    f"only)")
+        if (case.kind == "mla" and self.latent_dims is not None
+                and (case.kv_lora_rank, case.rope_dim) not in self.latent_dims):
+            return (f"kv_lora_rank {case.kv_lora_rank}, rope_dim {case.rope_dim} not in "
+                    f"capabilities ({_names(self.latent_dims)})")
         if case.dtype not in self.dtypes:
             return f"dtype {case.dtype} not in capabilities ({_names(self.dtypes)})"
         if self.head_dims is not None and case.head_dim not in self.head_dims:
@@ -157,14 +181,15 @@ class Capabilities:
                 "deterministic": self.deterministic,
                 "instances": "any" if self.instances is None else len(self.instances),
                 "kv_dtypes": sorted(self.kv_dtypes), "kv_scales": sorted(self.kv_scales),
-                "q_dtypes": sorted(self.q_dtypes)}
-
+                "q_dtypes": sorted(self.q_dtypes), "kinds": sorted(self.kinds),
+                "latent_dims": listed(self.latent_dims)}
 
     def summary(self) -> str:
         """The claims a run's "claims nothing here" message names, in one line."""
         claims = self.describe()
-        line = (f"dtypes {claims['dtypes']}, head_dims {claims['head_dims']}, page_sizes "
-                f"{claims['page_sizes']}, features {claims['features']}")
+        line = (f"kinds {claims['kinds']}, dtypes {claims['dtypes']}, head_dims "
+                f"{claims['head_dims']}, page_sizes {claims['page_sizes']}, features "
+                f"{claims['features']}")
         if self.kv_dtypes or self.q_dtypes:
             line += f", kv_dtypes {claims['kv_dtypes']}, q_dtypes {claims['q_dtypes']}"
         return line
@@ -181,7 +206,9 @@ class Capabilities:
                 "instances": None if self.instances is None else
                 [list(i) for i in sorted(self.instances, key=str)],
                 "kv_dtypes": listed(self.kv_dtypes), "kv_scales": listed(self.kv_scales),
-                "q_dtypes": listed(self.q_dtypes)}
+                "q_dtypes": listed(self.q_dtypes), "kinds": listed(self.kinds),
+                "latent_dims": None if self.latent_dims is None else
+                [list(p) for p in sorted(self.latent_dims)]}
 
     @classmethod
     def from_data(cls, data: object) -> Capabilities:
@@ -194,7 +221,8 @@ class Capabilities:
         def values(name: str, kind: type) -> object:
             value = data[name]
             if value is None and name not in ("dtypes", "features", "devices", "split_counts",
-                                              "kv_dtypes", "kv_scales", "q_dtypes"):
+                                              "kv_dtypes", "kv_scales", "q_dtypes",
+                                              "kinds"):
                 return None
             if not isinstance(value, list):
                 raise ValueError(f"Capabilities.{name} must be a list, got {value!r}")
@@ -211,7 +239,8 @@ class Capabilities:
                    instances=values("instances", frozenset),
                    kv_dtypes=values("kv_dtypes", frozenset),
                    kv_scales=values("kv_scales", frozenset),
-                   q_dtypes=values("q_dtypes", frozenset))
+                   q_dtypes=values("q_dtypes", frozenset), kinds=values("kinds", frozenset),
+                   latent_dims=values("latent_dims", frozenset))
 
 
 DEVICES = ("cpu", "cuda", "cpu-interpreter")  # the last: Triton's interpreter on a CPU

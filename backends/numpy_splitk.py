@@ -32,7 +32,8 @@ class NumpySplitK(Backend):
                                                     "sinks", "soft_cap", "sink_logits",
                                                     "alibi", "multi_token", "draft_mask"}),
                                 split_counts=(1, 3, 8), kv_dtypes=frozenset(FP8_DTYPES),
-                                kv_scales=frozenset(SCALE_MODES), q_dtypes=frozenset(FP8_DTYPES))
+                                kv_scales=frozenset(SCALE_MODES), q_dtypes=frozenset(FP8_DTYPES),
+                                kinds=frozenset({"gqa", "mla"}))
 
     def default_splits(self, problem: Problem) -> int:
         longest = int(problem.context_lens.max(initial=0))
@@ -69,8 +70,13 @@ class NumpySplitK(Backend):
         return keys, values
 
     def codes(self, problem: Problem, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """What page ``block`` stores, as float32 (an fp8 code's value is exact there)."""
-        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
+        """What page ``block`` stores, as float32 (an fp8 code's value is exact there). An
+        MLA page holds one latent and rotary part per token: the key is both, the value its
+        latent, loaded once."""
+        keys = problem.k_pages[block].astype(F32)
+        if problem.kv_lora_rank is not None:
+            return keys, keys[..., :problem.kv_lora_rank]
+        return keys, problem.v_pages[block].astype(F32)
 
     def page_scales(self, scale: np.ndarray, block: int) -> np.ndarray:
         """``(page_size or 1, kv_heads or 1)`` float32 scales of one page's tokens."""
@@ -122,7 +128,7 @@ class NumpySplitK(Backend):
         if problem.sink_logits is None:
             return None
         m = problem.sink_logits[heads].astype(F32)
-        return m, np.ones_like(m), np.zeros((*m.shape, problem.head_dim), F32)
+        return m, np.ones_like(m), np.zeros((*m.shape, problem.head_dim_v), F32)
 
     def accumulator(self, acc: np.ndarray, problem: Problem) -> np.ndarray:
         """The running output accumulator after a page: float32, kept as it is."""
@@ -150,7 +156,7 @@ class NumpySplitK(Backend):
     def decode(self, problem: Problem, out: np.ndarray, lse: np.ndarray, *,
                num_splits: int | None = None) -> None:
         splits = num_splits or self.default_splits(problem)
-        hq, hkv, d = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim
+        hq, hkv, d = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_v
         order = np.argsort(self.kv_head_map(hq, hkv), kind="stable")
         heads = order.reshape(hkv, -1)  # the query heads of each KV head's tile
         for b in range(problem.tokens):  # query rows: one per sequence in one-token decode
@@ -196,7 +202,7 @@ class NumpySplitK(Backend):
         first_draft = int(problem.context_lens[sequence]) - int(problem.row_lens[sequence])
         m = np.full(q.shape[:2], -np.inf, dtype=F32)
         total = np.zeros(q.shape[:2], dtype=F32)
-        acc = np.zeros(q.shape, dtype=F32)
+        acc = np.zeros((*q.shape[:2], problem.head_dim_v), dtype=F32)
         for page in range(start // ps, math.ceil(end / ps) if end > start else start // ps):
             tokens = page * ps + np.arange(ps)
             valid = self.valid_tokens(tokens, start, end, problem, context_len)

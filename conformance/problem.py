@@ -72,6 +72,57 @@ class Problem:
     # row r sees draft j of its sequence; None: causal (draft t sees drafts 0..t).
     query_lens: np.ndarray | None = None
     draft_mask: np.ndarray | None = None
+    # Multi-head latent attention (``kv_lora_rank`` set): one KV head, the latent cache. Each
+    # token's key is [latent (kv_lora_rank) | rotary part (rope_dim)] in k_pages and its value
+    # is its latent, stored once: v_pages is the view k_pages[..., :kv_lora_rank].
+    kv_lora_rank: int | None = None
+
+    def __getstate__(self) -> dict:
+        """An MLA problem travels without its value view (it is rebuilt from k_pages)."""
+        state = dict(self.__dict__)
+        if self.kv_lora_rank is not None:
+            state["v_pages"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if state.get("kv_lora_rank") is not None and state["v_pages"] is None:
+            state["v_pages"] = state["k_pages"][..., :state["kv_lora_rank"]]
+        self.__dict__.update(state)
+
+    @property
+    def kind(self) -> str:
+        """``gqa`` or ``mla`` (conformance.spec.KINDS)."""
+        return "gqa" if self.kv_lora_rank is None else "mla"
+
+    @property
+    def head_dim_v(self) -> int:
+        """The width of a value and of the output (the latent's, for MLA)."""
+        return self.v_pages.shape[3]
+
+    @property
+    def rope_dim(self) -> int:
+        """An MLA problem's rotary key part: ``head_dim - kv_lora_rank`` (0 for GQA)."""
+        return self.head_dim - self.head_dim_v
+
+    @property
+    def ckv_pages(self) -> np.ndarray:
+        """``(num_pages, page_size, kv_lora_rank)``: the latent cache of an MLA problem."""
+        return self.k_pages[:, :, 0, :self.head_dim_v]
+
+    @property
+    def kpe_pages(self) -> np.ndarray:
+        """``(num_pages, page_size, rope_dim)``: the rotary key cache of an MLA problem."""
+        return self.k_pages[:, :, 0, self.head_dim_v:]
+
+    @property
+    def q_nope(self) -> np.ndarray:
+        """``(tokens, num_qo_heads, kv_lora_rank)``: the absorbed query against the latent."""
+        return self.q[..., :self.head_dim_v]
+
+    @property
+    def q_pe(self) -> np.ndarray:
+        """``(tokens, num_qo_heads, rope_dim)``: the query's rotary part."""
+        return self.q[..., self.head_dim_v:]
 
     @property
     def batch(self) -> int:
@@ -157,6 +208,8 @@ class Problem:
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {"q": self.q, "k_pages": self.k_pages, "v_pages": self.v_pages,
                   "block_table": self.block_table, "context_lens": self.context_lens}
+        if self.kv_lora_rank is not None:
+            del arrays["v_pages"]  # a view of k_pages
         for name in ("k_scale", "v_scale", "q_scale", "sink_logits", "alibi_slopes",
                      "query_lens", "draft_mask"):
             if getattr(self, name) is not None:
@@ -239,6 +292,8 @@ class LogicalKV:
     # sequence b; draft_masks[b] its (query_len, query_len) visibility, or None (causal).
     query_lens: tuple[int, ...] | None = None
     draft_masks: tuple[np.ndarray, ...] | None = None
+    # MLA: keys are [latent | rotary part], one head; values are the latent views of the keys
+    kv_lora_rank: int | None = None
 
     @property
     def context_lens(self) -> list[int]:
@@ -326,6 +381,8 @@ class LogicalKV:
             k_pages, v_pages = _garbage(rng, shape, self.keys[0].dtype,
                                         GARBAGE_SCORE / (math.sqrt(head_dim) * self.sm_scale),
                                         quant)
+        if self.kv_lora_rank is not None:  # MLA: the values are the keys' latents, stored once
+            v_pages = k_pages[..., :self.kv_lora_rank]
         k_scale = v_scale = None
         if quant is not None and quant.mode == "per-token":
             k_scale = np.empty(shape[:3], np.float32)
@@ -339,7 +396,8 @@ class LogicalKV:
             positions = self.attended(b)
             pages, slots = table[b, positions // page_size], positions % page_size
             k_pages[pages, slots] = self.keys[b][positions]
-            v_pages[pages, slots] = self.values[b][positions]
+            if self.kv_lora_rank is None:
+                v_pages[pages, slots] = self.values[b][positions]
             if quant is not None and quant.mode == "per-token":
                 k_scale[pages, slots] = self.k_scales[b][positions]
                 v_scale[pages, slots] = self.v_scales[b][positions]
@@ -351,7 +409,7 @@ class LogicalKV:
                        q_scale=None if self.q_scale is None else self.q_scale.copy(),
                        out_dtype=self.out_dtype, soft_cap=self.soft_cap,
                        sink_logits=_copy(self.sink_logits), alibi_slopes=_copy(self.alibi_slopes),
-                       **self._query_arrays())
+                       kv_lora_rank=self.kv_lora_rank, **self._query_arrays())
 
     def _query_arrays(self) -> dict:
         """``query_lens`` and ``draft_mask`` as the problem holds them."""
@@ -425,7 +483,7 @@ class LogicalKV:
         q = rng.standard_normal(self.q.shape[1:])
         n = max(n, 1) if self.query_lens is not None else n  # a query token is a position
         keys = rng.standard_normal((n, *self.keys[0].shape[1:]))
-        values = rng.standard_normal((n, *self.keys[0].shape[1:]))
+        values = rng.standard_normal((n, *self.values[0].shape[1:]))
         queries = {"query_lens": None if self.query_lens is None else (1,),
                    "draft_masks": None if self.draft_masks is None else (np.ones((1, 1), bool),)}
         return stored(replace(self, q=q[None], keys=(keys,), values=(values,), **queries),
@@ -459,6 +517,10 @@ def stored(logical: LogicalKV, kv_dtype: np.dtype, q_dtype: np.dtype) -> Logical
         q = quantize(logical.q, logical.q_scale, dtype_name(q_dtype))
     else:
         q = logical.q.astype(q_dtype)
+    if logical.kv_lora_rank is not None:  # MLA: the values are the stored keys' latents
+        keys = tuple(k.astype(kv_dtype) for k in logical.keys)
+        return replace(logical, q=q, keys=keys,
+                       values=tuple(k[..., :logical.kv_lora_rank] for k in keys))
     if quant is None:
         return replace(logical, q=q, keys=tuple(k.astype(kv_dtype) for k in logical.keys),
                        values=tuple(v.astype(kv_dtype) for v in logical.values))
@@ -556,7 +618,7 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
         values = [v * growth[:, None].astype(np.float32) for v in values]
         q = q / np.repeat(growth, g)[:, None]
     logical = LogicalKV(q=q, keys=tuple(keys), values=tuple(values), sm_scale=case.scale,
-                        window=case.window, sinks=case.sinks,
+                        window=case.window, sinks=case.sinks, kv_lora_rank=case.kv_lora_rank,
                         pool_elements=case.pool_pages * case.page_size * hkv * d,
                         **score_modifiers(case), **draft_masks(case))
     if (case.kv_dtype is None and case.q_dtype is None) or not quantized:
@@ -674,6 +736,6 @@ def materialise(case: Case, layout_seed: int | None = None, masked: str = "garba
 
 def poisoned_outputs(problem: Problem, poison: float) -> tuple[np.ndarray, np.ndarray]:
     """Output and LSE buffers pre-filled with a poison, for the backend to overwrite."""
-    out = np.full(problem.q.shape, poison, dtype=problem.dtype)
+    out = np.full((*problem.q.shape[:2], problem.head_dim_v), poison, dtype=problem.dtype)
     lse = np.full(problem.q.shape[:2], poison, dtype=np.float32)
     return out, lse

@@ -85,6 +85,24 @@ DRAFT_MASKS = {
 }
 MAX_QUERY_LEN = 64
 
+# The kinds of problem the spec holds: which attention a case asks for.
+KINDS = {
+    "gqa": "grouped-query attention: query head h reads KV head h // group, keys and values "
+           "of head_dim each",
+    "mla": "multi-head latent attention with absorbed weights (DeepSeek-V2/V3): every token "
+           "stores one latent (kv_lora_rank wide) and one rotary key part (rope_dim), shared "
+           "by all query heads; the key is [latent | rope], the value the latent",
+}
+# What an MLA case cannot combine with yet (docs/design.md §3), with the reason.
+MLA_REFUSED = {
+    "kv_dtypes": "an fp8 latent cache is not modelled yet",
+    "q_dtypes": "an fp8 query is not modelled yet for MLA",
+    "soft_cap": "no MLA model caps its scores",
+    "sink_logits": "no MLA model has sink logits",
+    "alibi": "no MLA model uses ALiBi",
+    "query_lens": "several query tokens per sequence are not modelled yet for MLA",
+}
+
 
 class SpecError(ValueError):
     """A spec entry that cannot become a case; the message names the entry and the field."""
@@ -118,14 +136,34 @@ class Case:
     alibi: bool | tuple[float, ...] = False  # True: the standard slopes; or one per query head
     query_lens: tuple[int, ...] | None = None  # query tokens per sequence (its last positions)
     mask: str = "causal"  # with query_lens: which drafts each query token sees (DRAFT_MASKS)
+    # An MLA case: the latent's width; head_dim is kv_lora_rank + rope_dim (the key), the
+    # value and the output kv_lora_rank wide, one KV head (the latent) shared by every head.
+    kv_lora_rank: int | None = None
     tag: str = ""
     fixed_seed: int | None = None  # the spec's `seed`: draw the values from it, not the id
     batch_label: str = field(default="", compare=False)
 
     @property
+    def kind(self) -> str:
+        """Which attention the case asks for (``KINDS``)."""
+        return "gqa" if self.kv_lora_rank is None else "mla"
+
+    @property
+    def rope_dim(self) -> int:
+        """An MLA case's rotary key part (0 for GQA)."""
+        return 0 if self.kv_lora_rank is None else self.head_dim - self.kv_lora_rank
+
+    @property
+    def head_dim_v(self) -> int:
+        """The width of a value and of the output: the latent's for MLA."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank
+
+    @property
     def id(self) -> str:
-        shape = (f"q{self.num_qo_heads}kv{self.num_kv_heads}-d{self.head_dim}"
-                 f"-ps{self.page_size}-{SHORT_NAMES[self.dtype]}")
+        heads = (f"q{self.num_qo_heads}kv{self.num_kv_heads}-d{self.head_dim}"
+                 if self.kv_lora_rank is None else
+                 f"h{self.num_qo_heads}-r{self.kv_lora_rank}-rope{self.rope_dim}")
+        shape = f"{heads}-ps{self.page_size}-{SHORT_NAMES[self.dtype]}"
         if self.q_dtype is not None:
             shape += f"-q-{SHORT_NAMES[self.q_dtype]}"
         if self.kv_dtype is not None:
@@ -207,7 +245,9 @@ class Case:
         if self.kv_dtype is not None and self.kv_scale == "per-token":
             pool += 2 * 3 * 4 * tokens * self.num_kv_heads
         logical = 2 * sum(self.context_lens) * self.num_kv_heads * self.head_dim * (4 + item)
-        kept = 2 * sum(self.context_lens) * self.num_qo_heads * self.head_dim * 8
+        # one KV head is broadcast to the query heads, not copied (MQA, MLA)
+        copies = self.num_qo_heads if self.num_kv_heads > 1 else 1
+        kept = 2 * sum(self.context_lens) * copies * self.head_dim * 8
         rows = self.tokens * self.num_qo_heads
         queries = rows * self.head_dim * (8 + item) * 4 + rows * 4 * 4  # q, outs; LSEs
         table = self.batch * (pages + self.table_padding) * 4
@@ -267,9 +307,11 @@ class Spec:
 
 # Fields a family's `set`, `grid` and `variants` may give, with their types.
 _INT_FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "window", "sinks",
-               "num_splits", "shared_pages", "table_padding", "pool_pages", "seed")
+               "num_splits", "shared_pages", "table_padding", "pool_pages", "seed",
+               "kv_lora_rank", "rope_dim")
 _CASE_FIELDS = ({f.name for f in fields(Case)} - {"family", "batch_label", "dtype",
-                                                   "fixed_seed", "kv_dtype", "q_dtype"}) | {"seed"}
+                                                   "fixed_seed", "kv_dtype", "q_dtype"}) | {
+    "seed", "rope_dim"}
 _CROSSED = {"dtypes": ("dtype", DTYPES), "kv_dtypes": ("kv_dtype", FP8_DTYPES),
             "q_dtypes": ("q_dtype", FP8_DTYPES)}  # lists every case is crossed with
 _NAMED = {"distribution": DISTRIBUTIONS, "kv_scale": SCALE_MODES, "kv_scaling": KV_SCALINGS,
@@ -338,6 +380,8 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
                 raise SpecError(f"{where}: field {name!r} is {value!r}; known: "
                                 f"{', '.join(_NAMED[name])}")
             kwargs[name] = value
+    if "kv_lora_rank" in kwargs or "rope_dim" in kwargs:
+        _latent_shape(where, kwargs, values, kv_dtype, q_dtype)
     for required in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "context_lens"):
         if required not in kwargs:
             raise SpecError(f"{where}: field {required!r} is missing")
@@ -367,6 +411,30 @@ def _make_case(where: str, family: str, values: Mapping[str, Any], dtype: str,
     if kwargs.get("shared_pages") and len(kwargs["context_lens"]) < 2:
         raise SpecError(f"{where}: field 'shared_pages' needs a batch of at least 2")
     return Case(family=family, dtype=dtype, **kwargs)
+
+
+def _latent_shape(where: str, kwargs: dict[str, Any], values: Mapping[str, Any],
+                  kv_dtype: str | None, q_dtype: str | None) -> None:
+    """An MLA case: ``head_dim`` from ``kv_lora_rank`` and ``rope_dim``, one KV head (the
+    latent); what MLA cannot combine with is refused with the reason."""
+    for name in ("kv_lora_rank", "rope_dim"):
+        if name not in kwargs:
+            raise SpecError(f"{where}: field {name!r} is missing (an MLA case gives "
+                            f"kv_lora_rank and rope_dim)")
+    for name in ("head_dim", "num_kv_heads"):
+        if name in values:
+            raise SpecError(f"{where}: field {name!r} is set by an MLA case itself (head_dim = "
+                            f"kv_lora_rank + rope_dim, one KV head: the latent); remove it")
+    present = {"kv_dtypes": kv_dtype, "q_dtypes": q_dtype,
+               **{name: kwargs.get(name) for name in MLA_REFUSED if name in kwargs}}
+    for name, reason in MLA_REFUSED.items():
+        if present.get(name) not in (None, False):
+            raise SpecError(f"{where}: field {name!r} with kv_lora_rank: {reason}")
+    if kwargs.get("distribution") in ("constant-v", "flat-positive"):
+        raise SpecError(f"{where}: field 'distribution' is {kwargs['distribution']!r}, which "
+                        f"draws values apart from keys; an MLA value is its key's latent")
+    kwargs["head_dim"] = kwargs["kv_lora_rank"] + kwargs.pop("rope_dim")
+    kwargs["num_kv_heads"] = 1
 
 
 def _query_lens(where: str, value: Any, context_lens: tuple[int, ...]) -> tuple[int, ...]:
@@ -459,7 +527,10 @@ def _expand_family(entry: Mapping[str, Any], index: int, defaults: Mapping[str, 
         variant_where = f"{where} variant {number}"
         _check_keys(variant_where, variant, _FIELD_NAMES)
         for combo in itertools.product(*grid.values()):
-            values = {**defaults, **base, **dict(zip(grid, combo, strict=True)), **variant}
+            given = {**base, **dict(zip(grid, combo, strict=True)), **variant}
+            inherited = {name: value for name, value in defaults.items() if not (
+                "kv_lora_rank" in given and name in ("head_dim", "num_kv_heads"))}
+            values = {**inherited, **given}
             dtypes = _dtypes(variant_where, values.pop("dtypes", list(DTYPES)))
             kv_dtypes = _dtypes(variant_where, values.pop("kv_dtypes"), "kv_dtypes") \
                 if "kv_dtypes" in values else [None]

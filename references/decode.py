@@ -103,7 +103,11 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                      query_lens: np.ndarray | None = None,
                      draft_mask: np.ndarray | None = None,
                      precision: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
-    """Attention output ``(tokens, heads_qo, dim)`` and natural-log LSE ``(tokens, heads_qo)``.
+    """Attention output ``(tokens, heads_qo, dim_v)`` and natural-log LSE ``(tokens, heads_qo)``.
+
+    The values may be narrower than the keys (``dim_v`` is ``v_pages``'s last axis): multi-head
+    latent attention passes the latent cache as ``k_pages`` (one head, [latent | rope]) and
+    its latent part as ``v_pages``.
 
     ``q`` holds the query tokens packed sequence by sequence: ``query_lens[b]`` (one each when
     None) rows for sequence ``b``, the last positions of its context, so that ``tokens`` is
@@ -129,7 +133,7 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     output stored in it. The error-ratio tolerance rule uses it to learn how much error the
     case's own precision costs.
     """
-    num_qo_heads, head_dim = q.shape[1:]
+    num_qo_heads = q.shape[1]
     num_kv_heads = k_pages.shape[2]
     if q_scale is not None:
         q = q.astype(np.float64) * float(np.asarray(q_scale).reshape(-1)[0])
@@ -144,7 +148,7 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
                           lse_includes_sink)
     batch = len(context_lens)
     query_lens = np.ones(batch, dtype=np.int64) if query_lens is None else query_lens
-    out = np.zeros((len(q), num_qo_heads, head_dim), dtype=np.float64)
+    out = np.zeros((len(q), num_qo_heads, v_pages.shape[3]), dtype=np.float64)
     lse = np.full((len(q), num_qo_heads), -np.inf, dtype=np.float64)
     row = 0
     for b in range(batch):

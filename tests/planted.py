@@ -650,6 +650,63 @@ class SplitScratchShared(NumpySplitK):
         return super().row_partials(problem, row, splits, heads)
 
 
+class MlaScaleWithoutLog2e(NumpySplitK):
+    """An exp2 softmax whose scale lacks log2(e): MLA scores scaled by ln 2 (FlashInfer's and
+    vLLM's MLA both shipped it once)."""
+
+    name = "bug-mla-scale-without-log2e"
+
+    def query(self, problem, row):
+        q = super().query(problem, row)
+        return q * F32(math.log(2)) if problem.kv_lora_rank is not None else q
+
+
+class MlaPageStrideOne(NumpySplitK):
+    """Addresses an MLA token as page + slot, the page stride taken as 1 token: right for
+    pages of 1, wrong for every other size."""
+
+    name = "bug-mla-page-stride-one"
+
+    def codes(self, problem, block):
+        if problem.kv_lora_rank is None:
+            return super().codes(problem, block)
+        flat = problem.k_pages.reshape(-1, *problem.k_pages.shape[2:])
+        keys = flat[np.minimum(block + np.arange(problem.page_size), len(flat) - 1)].astype(F32)
+        return keys, keys[..., :problem.kv_lora_rank]
+
+
+class MlaRopeDropped(NumpySplitK):
+    """Scores from the latent alone: ``q_nope . c``, the rotary part ``q_pe . k_pe`` lost."""
+
+    name = "bug-mla-rope-dropped"
+
+    def query(self, problem, row):
+        q = super().query(problem, row)
+        if problem.kv_lora_rank is not None:
+            q = q.copy()
+            q[..., problem.kv_lora_rank:] = 0
+        return q
+
+
+class MlaEmptyRowDividedByZero(NumpySplitK):
+    """The MLA combine divides by the row's denominator unguarded: an empty row is 0/0 = NaN
+    (a stage-2 bug that poisoned whole batches of padded rows)."""
+
+    name = "bug-mla-empty-row-divided-by-zero"
+
+    mla = False
+
+    def combine(self, partials):
+        out, lse = super().combine(partials)
+        if self.mla:
+            out = np.where(np.isfinite(lse)[..., None], out, F32(np.nan))  # 0 / 0
+        return out, lse
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        self.mla = problem.kv_lora_rank is not None
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
 PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (EmptyRowsUnwritten, "poison/unwritten"),
     (AttendsToOneMaskedSlot, "oracle/output"),
@@ -708,6 +765,10 @@ PLANTED: list[tuple[type[NumpySplitK], str]] = [
     (RaggedRowsSwapped, "oracle/output"),
     (RaggedRowsSwapped, "invariance/sub-batches"),
     (SplitScratchShared, "invariance/split-count-1"),
+    (MlaScaleWithoutLog2e, "oracle/output"),
+    (MlaPageStrideOne, "oracle/output"),
+    (MlaRopeDropped, "oracle/output"),
+    (MlaEmptyRowDividedByZero, "oracle/output"),
 ]
 
 

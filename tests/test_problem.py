@@ -65,7 +65,9 @@ def test_garbage_would_change_the_answer_far_beyond_any_budget(case):
     read = slot_roles(problem)
     keys, values = denoted(problem)
     garbage = np.abs(values[~read])  # (slots, kv_heads, dim)
-    if case.kv_dtype is None:
+    if case.kind == "mla":  # a value is its key's latent: garbage of the keys' spread below
+        assert (values[~read] == keys[~read][..., :case.kv_lora_rank]).all()
+    elif case.kv_dtype is None:
         assert (garbage == 1000.0).all()
     elif (~read).any() and read.any():  # 1000, or saturated: as far as the format reaches
         largest = np.abs(values[read]).max(axis=(0, 2))

@@ -237,8 +237,8 @@ class Trial:
         for r, b in enumerate(problem.row_sequence):
             k, v = gather_sequence(problem.k_pages, problem.v_pages, problem.block_table[b],
                                    problem.kept(r), problem.k_scale, problem.v_scale)
-            keys.append(k.astype(np.float64)[:, heads])
-            values.append(v.astype(np.float64)[:, heads])
+            keys.append(_per_query_head(k.astype(np.float64), heads))
+            values.append(_per_query_head(v.astype(np.float64), heads))
         return keys, values
 
     @cached_property
@@ -304,9 +304,10 @@ class Trial:
                               else state.lse)
 
     def empty_state(self) -> AttentionState:
-        shape = self.problem.q.shape
-        return AttentionState(out=np.zeros(shape, dtype=self.problem.dtype),
-                              lse=np.full(shape[:2], self.empty_lse, dtype=np.float32))
+        rows, heads = self.problem.q.shape[:2]
+        return AttentionState(out=np.zeros((rows, heads, self.problem.head_dim_v),
+                                           dtype=self.problem.dtype),
+                              lse=np.full((rows, heads), self.empty_lse, dtype=np.float32))
 
     def compare(self, check: str, got: AttentionState, want_out: np.ndarray | None,
                 want_lse: np.ndarray | None, scale: float = 1.0, what: str = "",
@@ -342,6 +343,14 @@ class Trial:
                 return Outcome(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
                     out_budget, admitted) + suffix)
         return Outcome(check, Status.PASSED, error, budget)
+
+
+def _per_query_head(kv: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """``(n, num_qo_heads, d)`` from ``(n, num_kv_heads, d)``: one KV head (MQA, an MLA
+    latent) as a read-only broadcast, not 128 copies of a long context."""
+    if kv.shape[1] == 1:
+        return np.broadcast_to(kv, (kv.shape[0], heads.size, kv.shape[2]))
+    return kv[:, heads]
 
 
 def reversed_dims(problem: Problem) -> Problem:
