@@ -23,6 +23,7 @@ BUILTINS: dict[str, str] = {
     "triton-paged": "backends.triton.backends:TritonPaged",
     "triton-splitkv": "backends.triton.backends:TritonSplitKV",
     "triton-contiguous": "backends.triton.backends:TritonContiguous",
+    "triton-mla": "backends.triton.backends:TritonMla",
     "tvm-cpu": "backends.tvm.backends:TvmCpu",
     "tvm-cuda": "backends.tvm.backends:TvmCuda",
     "torch-flex": "backends.torch.backends:TorchFlex",
@@ -30,6 +31,7 @@ BUILTINS: dict[str, str] = {
     "flashinfer": "backends.flashinfer.backends:FlashInferDecode",
     "flashinfer-tc": "backends.flashinfer.backends:FlashInferTensorCores",
     "flashinfer-prefill": "backends.flashinfer.backends:FlashInferPrefill",
+    "flashinfer-mla": "backends.flashinfer.backends:FlashInferMla",
 }
 
 

@@ -30,6 +30,13 @@ several (one token a sequence is the decode wrappers' job). It asks for the ``fa
 the ones the tensor-core decode runs: ``backend="auto"`` picks ``fa3`` on Hopper for a causal
 mask (``fa2`` for a custom one), whose JIT build needs CUTLASS (not in the carried bundle)
 and minutes per module; an ``fa3`` adapter is this class with ``kernels = "fa3"``.
+
+``flashinfer-mla`` is ``BatchMLAPagedAttentionWrapper`` as DeepSeek serving stacks call it,
+in the planned form FlashInfer 0.7 documents (``metadata=MLAPlanMetadata.csr(...)``, then
+``run(query=(q_nope, q_pe), kv_cache=(ckv, kpe))``): the problem's latent pool is one tensor
+and its latent and rotary caches are adjacent views of it, as a serving stack slices one
+buffer; one query token per sequence (``causal=False``), a base-2 LSE (``lse_mode="base2"``),
+``backend="fa2"`` for the reason above. It has no window and no sinks argument.
 """
 
 from __future__ import annotations
@@ -264,3 +271,42 @@ class FlashInferPrefill(FlashInferDecode):
                      problem.page_size, custom_mask=mask, causal=mask is None,
                      **self.plan_options(problem, q, k))
         return wrapper
+
+
+class FlashInferMla(FlashInferDecode):
+    """``flashinfer.mla.BatchMLAPagedAttentionWrapper`` on the problem's latent cache."""
+
+    name = "flashinfer-mla"
+    description = ("FlashInfer BatchMLAPagedAttentionWrapper (fa2): the latent and rotary "
+                   "caches as split views of one page pool, CSR page table; merge_state")
+    capabilities = Capabilities(kinds=frozenset({"mla"}), dtypes=frozenset({"float16",
+                                                                             "bfloat16"}),
+                                latent_dims=frozenset({(512, 64)}),
+                                features=frozenset({"lse", "merge"}), devices=("cuda",))
+    kernels = "fa2"  # the planned backend (see the module docstring)
+
+    def notes(self) -> list[str]:
+        flashinfer = load_flashinfer()
+        return [f"flashinfer {getattr(flashinfer, '__version__', '(version unknown)')}, "
+                f"BatchMLAPagedAttentionWrapper(backend={self.kernels!r})"]
+
+    def prepare(self, problem, out, lse, *, num_splits=None):
+        import importlib
+
+        mla = importlib.import_module("flashinfer.mla")
+        rank = problem.kv_lora_rank
+        q = to_torch(problem.q, "cuda")
+        pages = to_torch(problem.k_pages, "cuda")[:, :, 0]  # (pages, page_size, rank + rope)
+        indptr, indices, _ = (to_torch(a, "cuda") for a in csr_page_table(problem))
+        metadata = mla.MLAPlanMetadata.csr(to_torch(problem.query_start, "cuda"), indptr,
+                                           indices, to_torch(problem.context_lens, "cuda"))
+        wrapper = mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=self.kernels)
+        wrapper.plan(metadata=metadata, num_heads=problem.num_qo_heads, head_dim_ckv=rank,
+                     head_dim_kpe=problem.rope_dim, page_size=problem.page_size, causal=False,
+                     sm_scale=problem.sm_scale, q_data_type=q.dtype, kv_data_type=pages.dtype,
+                     query_layout="split", kv_cache_layout="split", lse_mode="base2")
+        query, cache = (q[..., :rank], q[..., rank:]), (pages[..., :rank], pages[..., rank:])
+
+        def call() -> None:
+            self.results = wrapper.run(query=query, kv_cache=cache, return_lse=True)
+        return call

@@ -6,7 +6,9 @@ physical slot back to its sequence and position and applies the window and the s
 page is gathered. Uncompiled on a CPU (PyTorch's dense reference path), compiled with
 ``torch.compile`` on CUDA (the flex-decoding kernel serving stacks use). Soft-cap and ALiBi
 are its ``score_mod`` (on the scaled score, as flex applies it); a sink logit is a term of the
-denominator with no key, which neither a mask nor a score_mod can add: not claimed.
+denominator with no key, which neither a mask nor a score_mod can add: not claimed. An MLA
+problem is one KV head whose value is a narrower view of its key (flex takes a value width of
+its own): ``q`` ``[q_nope | q_pe]`` against ``[latent | rope]``, ``enable_gqa`` over every head.
 
 ``torch-sdpa`` gathers each sequence's pages into a contiguous cache (outside the timed call)
 and calls the op ``F.scaled_dot_product_attention`` dispatches to, in the variant that
@@ -91,7 +93,7 @@ class TorchFlex(TorchBackend):
                    "slots to (sequence, position); compiled on CUDA, eager on a CPU")
     capabilities = Capabilities(features=FEATURES | {"soft_cap", "alibi", "multi_token",
                                                      "draft_mask"},
-                                devices=("cpu", "cuda"))
+                                devices=("cpu", "cuda"), kinds=frozenset({"gqa", "mla"}))
 
     @classmethod
     def availability(cls) -> str | None:
@@ -134,7 +136,10 @@ class TorchFlex(TorchBackend):
         slots_total = problem.k_pages.shape[0] * problem.page_size
         q = self.upload(padded_queries(problem))  # (batch, hq, drafts, d)
         k = self.upload(problem.k_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
-        v = self.upload(problem.v_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
+        if problem.kind == "mla":  # the value is the key's latent: a narrower view of it
+            v = k[..., :problem.head_dim_v]
+        else:
+            v = self.upload(problem.v_pages).reshape(slots_total, hkv, d).transpose(0, 1)[None]
         positions = self.upload(slot_positions(problem))
         rows = problem.padded_rows()
         # each padded query row's position (-1: padding, sees nothing) and what it sees

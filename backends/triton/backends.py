@@ -176,6 +176,36 @@ class TritonPaged(TritonBackend):
                        modifiers=self.modifiers(tensors, problem))
 
 
+class TritonMla(TritonBackend):
+    name = "triton-mla"
+    description = ("paged split-KV MLA decode: 16 query heads of the one latent in a tl.dot "
+                   "tile, the latent tile read once as key and value, LSE combine kernel")
+    capabilities = Capabilities(kinds=frozenset({"mla"}), features=FEATURES | {"split_k"},
+                                split_counts=(1, 3, 8), devices=("cuda", "cpu-interpreter"))
+    INTERPRETED_RANK = 128  # the widest latent the interpreter runs in CI time
+
+    def unsupported_reason(self, case) -> str | None:
+        if (self.mode.interpreted and case.kv_lora_rank is not None
+                and case.kv_lora_rank > self.INTERPRETED_RANK):
+            return (f"kv_lora_rank {case.kv_lora_rank}: the Triton interpreter runs latents "
+                    f"up to {self.INTERPRETED_RANK} wide in CI time; the real widths run "
+                    f"compiled on a GPU")
+        return super().unsupported_reason(case)
+
+    def bind(self, problem, out, lse, num_splits, validate):
+        from backends.triton.mla_kernel import mla_decode, tile_config
+
+        tensors = self.inputs(problem)
+        config = tile_config(problem.kv_lora_rank, problem.num_qo_heads)
+        blocks = -(-problem.num_qo_heads // config["BLOCK_H"])
+        return partial(mla_decode, tensors["q"], tensors["k_pages"], tensors["block_table"],
+                       tensors["context_lens"], out, lse, kv_lora_rank=problem.kv_lora_rank,
+                       sm_scale=problem.sm_scale, window=problem.window, sinks=problem.sinks,
+                       num_splits=self.splits(problem, num_splits, config["BLOCK_N"],
+                                              config["waves"], programs_per_split=blocks),
+                       validate=validate)
+
+
 def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray]:
     """Gather the pages into ``(batch, qo_heads, max_len, head_dim)`` caches, each query head
     with its own copy of its KV head; slots past a context or evicted by the window are NaN,

@@ -66,15 +66,26 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
     check_tensor("v_pages", v_pages, shape=tuple(k_pages.shape), dtype=kv_dtype,
                  device=q.device)
     scales.check(q, k_pages)
-    check_tensor("block_table", block_table, ndim=2, int32=True, device=q.device)
-    if block_table.shape[0] != batch:
-        raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {batch}")
-    check_tensor("context_lens", context_lens, shape=(batch,), int32=True, device=q.device)
     if num_kv_heads == 0 or num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads "
                          f"{num_kv_heads}")
     if head_dim < 1 or head_dim > 512:
         raise ValueError(f"head_dim: {head_dim} is outside 1..512")
+    check_table(block_table, context_lens, batch, num_pages, page_size, q.device,
+                window=window, sinks=sinks)
+    if queries is not None:
+        queries.check(q, context_lens)
+    return batch, num_qo_heads, num_kv_heads, head_dim, page_size
+
+
+def check_table(block_table, context_lens, batch: int, num_pages: int, page_size: int,
+                device, *, window: int | None, sinks: int) -> None:
+    """The block table, the context lengths, the window and sinks, against a pool of
+    ``num_pages`` pages of ``page_size``."""
+    check_tensor("block_table", block_table, ndim=2, int32=True, device=device)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows for a batch of {batch}")
+    check_tensor("context_lens", context_lens, shape=(batch,), int32=True, device=device)
     if page_size < 1:
         raise ValueError(f"page_size: {page_size} must be at least 1")
     if batch and block_table.numel():
@@ -94,9 +105,28 @@ def check_paged_inputs(q, k_pages, v_pages, block_table, context_lens, *,
         raise ValueError(f"window: {window} must be at least 1")
     if sinks < 0:
         raise ValueError(f"sinks: {sinks} must not be negative")
-    if queries is not None:
-        queries.check(q, context_lens)
-    return batch, num_qo_heads, num_kv_heads, head_dim, page_size
+
+
+def check_mla_inputs(q, pages, block_table, context_lens, out, lse, *, kv_lora_rank: int,
+                     window: int | None, sinks: int) -> None:
+    """An MLA launch: ``q (batch, heads, kv_lora_rank + rope_dim)``, ``pages (pages,
+    page_size, 1, same width)`` in q's dtype, ``out (batch, heads, kv_lora_rank)``."""
+    check_tensor("q", q, ndim=3)
+    batch, heads, width = q.shape
+    if dtype_label(q.dtype) not in KV_DTYPES:
+        raise ValueError(f"q: dtype {dtype_label(q.dtype)}; want one of {', '.join(KV_DTYPES)}")
+    if not 0 < kv_lora_rank < width:
+        raise ValueError(f"kv_lora_rank: {kv_lora_rank}, want 0 < kv_lora_rank < q's width "
+                         f"{width} (the latent, then the rotary part)")
+    check_tensor("pages", pages, ndim=4, dtype=q.dtype, device=q.device)
+    if pages.shape[2:] != (1, width):
+        raise ValueError(f"pages: want (pages, page_size, 1, {width}), got shape "
+                         f"{tuple(pages.shape)}")
+    check_table(block_table, context_lens, batch, pages.shape[0], pages.shape[1], q.device,
+                window=window, sinks=sinks)
+    check_tensor("out", out, shape=(batch, heads, kv_lora_rank), dtype=q.dtype,
+                 device=q.device)
+    check_tensor("lse", lse, shape=(batch, heads), float32=True, device=q.device)
 
 
 def check_output_buffers(q, out, lse) -> None:
