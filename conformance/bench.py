@@ -30,7 +30,7 @@ from conformance.worker import ContractError
 
 BENCH_PATH = Path(__file__).with_name("bench.toml")
 _FIELDS = {"name", "sets", "batch", "context", "num_qo_heads", "num_kv_heads", "head_dim",
-           "page_size", "dtype", "kv_dtypes", "query_lens"}
+           "page_size", "dtype", "kv_dtypes", "query_lens", "kv_lora_rank", "rope_dim"}
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,19 @@ class BenchShape:
     dtype: str = "float16"
     kv_dtype: str | None = None  # an fp8 cache (per-tensor scales), else K and V in dtype
     query_len: int = 1  # query tokens per sequence (causal drafts, its last positions)
+    kv_lora_rank: int | None = None  # MLA: the latent's width (head_dim is then ignored)
+    rope_dim: int = 0  # MLA: the rotary key part
+
+    @property
+    def key_width(self) -> int:
+        """A key's width: head_dim, or for MLA the latent and its rotary part."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank + self.rope_dim
 
     def case(self) -> Case:
+        mla = self.kv_lora_rank is not None
         return Case(family="bench", tag=self.name, num_qo_heads=self.num_qo_heads,
-                    num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    num_kv_heads=1 if mla else self.num_kv_heads, head_dim=self.key_width,
+                    kv_lora_rank=self.kv_lora_rank,
                     page_size=self.page_size, dtype=self.dtype,
                     context_lens=(self.context,) * self.batch, kv_dtype=self.kv_dtype,
                     query_lens=(self.query_len,) * self.batch if self.query_len > 1 else None,
@@ -58,8 +67,11 @@ class BenchShape:
     @property
     def kv_bytes(self) -> int:
         """K and V of every token, read once: the bytes no kernel can avoid moving (an fp8
-        cache's codes; its two per-tensor scales are noise)."""
+        cache's codes; its two per-tensor scales are noise). An MLA token is its latent and
+        rotary part, read once for key and value alike."""
         itemsize = np.dtype(numpy_dtype(self.kv_dtype or self.dtype)).itemsize
+        if self.kv_lora_rank is not None:
+            return self.batch * self.context * self.key_width * itemsize
         return 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * itemsize
 
 

@@ -93,6 +93,8 @@ KINDS = {
            "stores one latent (kv_lora_rank wide) and one rotary key part (rope_dim), shared "
            "by all query heads; the key is [latent | rope], the value the latent",
 }
+# Distributions that draw values apart from keys: an MLA value is its key's latent.
+MLA_DISTINCT_VALUES = ("constant-v", "flat-positive")
 # What an MLA case cannot combine with yet (docs/design.md §3), with the reason.
 MLA_REFUSED = {
     "kv_dtypes": "an fp8 latent cache is not modelled yet",
@@ -430,7 +432,7 @@ def _latent_shape(where: str, kwargs: dict[str, Any], values: Mapping[str, Any],
     for name, reason in MLA_REFUSED.items():
         if present.get(name) not in (None, False):
             raise SpecError(f"{where}: field {name!r} with kv_lora_rank: {reason}")
-    if kwargs.get("distribution") in ("constant-v", "flat-positive"):
+    if kwargs.get("distribution") in MLA_DISTINCT_VALUES:
         raise SpecError(f"{where}: field 'distribution' is {kwargs['distribution']!r}, which "
                         f"draws values apart from keys; an MLA value is its key's latent")
     kwargs["head_dim"] = kwargs["kv_lora_rank"] + kwargs.pop("rope_dim")

@@ -4,7 +4,9 @@ Built from the same ``Capabilities`` record the fixed spec is filtered by, so a 
 one the backend says it supports. Sizes are drawn from ranges, not the spec's lists, with
 weight on the edges kernels get wrong (0 and 1 tokens, page multiples and one either side,
 non-powers of two), and every draw shrinks towards the smallest case: one sequence, few
-tokens, one KV head, the smallest head_dim and page size.
+tokens, one KV head, the smallest head_dim and page size. A backend claiming MLA gets MLA
+cases too (a latent of its ``latent_dims``, every head on the one latent, no fp8, modifiers
+or drafts: the spec does not combine them with MLA yet).
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import math
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from backends.base import Capabilities, Instance
+from backends.base import KIND_NAMES, Capabilities, Instance
 from conformance.dtypes import DTYPES
-from conformance.spec import DISTRIBUTIONS, KV_SCALINGS, Case
+from conformance.spec import DISTRIBUTIONS, KV_SCALINGS, MLA_DISTINCT_VALUES, Case
+
+# MLA latents drawn when a backend claims any: (kv_lora_rank, rope_dim), small first, and
+# DeepSeek's.
+LATENT_DIMS = ((16, 16), (32, 8), (64, 16), (128, 64), (512, 64))
 
 # Examples stay cheap: tokens x query heads x head_dim at most this (a CPU second or less).
 CPU_COST_CAP = 400_000
@@ -133,7 +139,17 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     features = capabilities.features if features is None else features
     long_context, wide_pool = _rarely(draw), _rarely(draw)
     wide = long_context or wide_pool  # tiny heads, and the cost cap is WIDE_COST
-    if capabilities.instances is not None:
+    mla = draw(st.sampled_from(sorted(capabilities.kinds, key=KIND_NAMES.index))) == "mla"
+    kv_lora_rank = None
+    if mla:  # one latent shared by every head: a group of all of them
+        dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
+                                            key=list(DTYPES).index)))
+        kv_lora_rank, rope_dim = draw(st.sampled_from(
+            LATENT_DIMS if capabilities.latent_dims is None else sorted(capabilities.latent_dims)))
+        num_kv_heads, head_dim = 1, kv_lora_rank + rope_dim
+        group = draw(st.one_of(st.integers(1, 16), st.sampled_from((16, 32, 64, 128))))
+        page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
+    elif capabilities.instances is not None:
         num_qo_heads, num_kv_heads, head_dim, page_size, dtype = draw(_instances(capabilities))
         group = num_qo_heads // num_kv_heads
     else:
@@ -170,7 +186,8 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     if wide_pool:
         pool_pages = draw(st.sampled_from(WIDE_POOLS))
         assume(pool_pages * page_size * num_kv_heads * head_dim <= WIDE_POOL_ELEMENTS)
-    distribution = draw(st.sampled_from(tuple(DISTRIBUTIONS)))
+    distribution = draw(st.sampled_from(tuple(
+        d for d in DISTRIBUTIONS if not (mla and d in MLA_DISTINCT_VALUES))))
     # "large" and "very-negative" set the scores' size themselves (q and k are scaled up to
     # reach it); a custom sm_scale on top only inflates q and k past what float32 holds
     # (terms of ~1e7 summing to -1e5), a case no kernel or budget can be fair on
@@ -179,7 +196,7 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     num_splits = None  # a split count the backend names, crossed with every distribution
     if "split_k" in features and capabilities.split_counts and draw(st.booleans()):
         num_splits = draw(st.sampled_from(capabilities.split_counts))
-    drafts = _drafts(draw, features, context_lens)
+    drafts = {} if mla else _drafts(draw, features, context_lens)
     num_qo_heads = num_kv_heads * group
     if wide:
         assume(num_qo_heads <= 4)  # a backend's instances may hold no tinier one
@@ -188,9 +205,9 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
                 head_dim=head_dim, page_size=page_size, dtype=dtype,
                 context_lens=tuple(context_lens), distribution=distribution, window=window,
                 sinks=sinks or 0, sm_scale=sm_scale, num_splits=num_splits,
-                pool_pages=pool_pages,
-                **_quantization(draw, capabilities, num_kv_heads, fp8),
-                **_modifiers(draw, features, num_qo_heads), **drafts)
+                pool_pages=pool_pages, kv_lora_rank=kv_lora_rank,
+                **({} if mla else _quantization(draw, capabilities, num_kv_heads, fp8)),
+                **({} if mla else _modifiers(draw, features, num_qo_heads)), **drafts)
     assume(capabilities.unsupported_reason(case) is None)
     return case
 
