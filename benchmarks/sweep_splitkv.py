@@ -1,6 +1,6 @@
 """Launch-parameter sweep of the split-KV kernel on the GPU shapes (run on a GPU machine).
 
-    python benchmarks/sweep_splitkv.py --out sweep.json [--fp8 | --splits]
+    python benchmarks/sweep_splitkv.py --out sweep.json [--fp8 | --splits | --mla]
 
 For every shape of the ``gpu`` set and every (BLOCK_N, num_warps, num_stages, waves), the
 median time by ``time_cuda``; prints the best configuration per shape. ``--fp8``: the shapes'
@@ -8,7 +8,9 @@ e4m3 twins (per-tensor scales) over the pipeline depths and the ways of reading 
 (``fp8_words``); each row records how far its output lies from the first configuration's
 (the same values whichever way the codes are read: 0). ``--splits``: every shape, float16
 and e4m3, at its default configuration over split counts that fill the GPU with k = 1..6
-programs per SM (and one either side), next to the count the heuristic picks.
+programs per SM (and one either side), next to the count the heuristic picks. ``--mla``: the
+MLA kernel (``mla_kernel``) on the ``mla`` shapes over heads per tile, tokens per tile and
+warps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from backends.triton import runtime
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
         "waves": [1, 2, 4]}
 # fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes
+GRID_MLA = {"BLOCK_H": [16, 32, 64], "BLOCK_N": [16, 32], "num_warps": [4, 8],
+            "num_stages": [2], "waves": [2]}
 GRID_FP8 = {"BLOCK_N": [128], "num_warps": [4], "num_stages": [2, 3, 4], "waves": [2, 4],
             "fp8_words": [0, 1, 2]}
 
@@ -34,12 +38,14 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="the e4m3 twins of the shapes")
     parser.add_argument("--splits", action="store_true",
                         help="split counts at the default configuration, both caches")
+    parser.add_argument("--mla", action="store_true", help="the MLA kernel on the mla shapes")
     args = parser.parse_args()
-    grid = GRID_FP8 if args.fp8 else GRID
+    grid = GRID_MLA if args.mla else GRID_FP8 if args.fp8 else GRID
     mode = runtime.select_mode()
     import torch
 
     from backends.triton.kernel_common import choose_splits
+    from backends.triton.mla_kernel import mla_decode
     from backends.triton.splitkv_kernel import splitkv_decode, tile_config
     from backends.triton.validation import Scales
     from conformance.bench import copy_bandwidth, select_shapes, time_cuda
@@ -47,7 +53,9 @@ def main() -> None:
 
     copy_rate = copy_bandwidth()
     rows = []
-    for shape in select_shapes("gpu"):
+    for shape in select_shapes("mla" if args.mla else "gpu"):
+        if (shape.kv_lora_rank is not None) != args.mla:
+            continue
         if (shape.kv_dtype is not None) != args.fp8 and not args.splits:
             continue
         if shape.query_len > 1:  # one query token per sequence: the launch takes no Queries
@@ -61,6 +69,14 @@ def main() -> None:
         default = tile_config(shape.head_dim, shape.kv_dtype is not None)
         picked = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
                                default["BLOCK_N"], default["waves"])
+        if args.mla:  # the latent pool is k_pages; its value is a view, not an input
+            launch = partial(mla_decode, tensors["q"], tensors["k_pages"],
+                             kv_lora_rank=shape.kv_lora_rank)
+            programs, picked = None, None
+        else:
+            launch = partial(splitkv_decode, tensors["q"], tensors["k_pages"],
+                             tensors["v_pages"], scales=scales)
+            programs = shape.num_kv_heads
         if args.splits:
             per_split = shape.batch * shape.num_kv_heads
             useful = -(-shape.context // (2 * default["BLOCK_N"]))
@@ -71,14 +87,14 @@ def main() -> None:
             runs = []
             for values in itertools.product(*grid.values()):
                 config = dict(zip(grid, values, strict=True))
-                runs.append((config, choose_splits(shape.batch, shape.num_kv_heads,
-                                                   shape.context, mode.sm_count,
-                                                   config["BLOCK_N"], config["waves"])))
+                heads = programs or -(-shape.num_qo_heads // config["BLOCK_H"])
+                runs.append((config, choose_splits(shape.batch, heads, shape.context,
+                                                   mode.sm_count, config["BLOCK_N"],
+                                                   config["waves"])))
         for config, splits in runs:
-            call = partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
-                           tensors["block_table"], tensors["context_lens"], out_t, lse_t,
-                           sm_scale=problem.sm_scale, num_splits=splits, validate=False,
-                           config=config, scales=scales)
+            call = partial(launch, tensors["block_table"], tensors["context_lens"], out_t,
+                           lse_t, sm_scale=problem.sm_scale, num_splits=splits,
+                           validate=False, config=config)
 
             try:
                 seconds = time_cuda(call)

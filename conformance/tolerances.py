@@ -107,14 +107,32 @@ def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float,
     d = q.shape[-1]
     errors = []
     for b, (keys, scores) in enumerate(zip(keys_per_row, scores_per_row, strict=True)):
-        magnitude = np.einsum("hd,nhd->hn", np.abs(q[b]), np.abs(keys)) * sm_scale
+        shared = shared_head(keys)
+        magnitude = head_dots(np.abs(q[b]), np.abs(keys) if shared is None else
+                              np.broadcast_to(np.abs(shared)[:, None], keys.shape)) * sm_scale
         accumulated = ROUNDING_MARGIN * math.sqrt(d) * UNIT_ROUNDOFF_F32 * magnitude
         if soft_cap is not None:
-            raw = np.einsum("hd,nhd->hn", q[b], keys) * sm_scale
+            raw = head_dots(q[b], keys) * sm_scale
             accumulated = accumulated * (1.0 - np.tanh(raw / soft_cap) ** 2)
         held = np.spacing(np.abs(scores).astype(np.float32)).astype(np.float64)
         errors.append(accumulated + held)
     return errors
+
+
+def shared_head(kv: np.ndarray) -> np.ndarray | None:
+    """``kv[:, 0]`` when ``kv`` ``(n, num_qo_heads, d)`` is one KV head broadcast to every
+    query head (MQA, an MLA latent: a view, not a copy per head), else None."""
+    return kv[:, 0] if kv.shape[1] > 1 and kv.strides[1] == 0 else None
+
+
+def head_dots(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``(heads, n)``: each query head ``q`` ``(heads, d)`` against its keys ``(n, heads,
+    d)``; one shared KV head is a single matrix product."""
+    shared = shared_head(keys)
+    return q @ shared.T if shared is not None else np.einsum("hd,nhd->hn", q, keys)
+
+
+CHUNK_ELEMENTS = 1 << 24  # a per-head temporary of at most this many float64s at a time
 
 
 def softmax_weights(scores: np.ndarray, sink: np.ndarray | None) -> np.ndarray:
@@ -162,7 +180,11 @@ def score_error_bound(errors: list[np.ndarray], scores_per_row: list[np.ndarray]
         if scores.shape[1] == 0:
             continue
         weights = softmax_weights(scores, sink)
-        spread = np.abs(values - out[b][None]).max(axis=2).T  # (heads, n)
+        spread = np.empty(scores.shape)  # (heads, n), a few heads at a time
+        step = max(1, CHUNK_ELEMENTS // values[:, 0].size)
+        for h in range(0, spread.shape[0], step):
+            spread[h:h + step] = np.abs(values[:, h:h + step] - out[b][None, h:h + step]
+                                        ).max(axis=2).T
         bound[b] = (weights * errors[b] * spread).sum(axis=1)
     return bound
 

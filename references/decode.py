@@ -161,6 +161,8 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
             else:
                 keys, values = gather_sequence(k_pages, v_pages, block_table[b], positions,
                                                k_scale, v_scale)
+                with np.errstate(over="ignore", invalid="ignore"):  # rounded once, not per head
+                    keys, values = rounded(keys), rounded(values)
                 offsets = positions - (n - query_len + t)
                 for h in range(num_qo_heads):
                     out[row, h], lse[row, h] = _attend(
@@ -202,15 +204,15 @@ class Modifiers:
         return np.asarray(self.sink_logits, dtype=np.float64)
 
 
-def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, rounded,
+def _attend(q: np.ndarray, kh: np.ndarray, vh: np.ndarray, rounded,
             modifiers: Modifiers, h: int, offsets: np.ndarray) -> tuple[np.ndarray, float]:
-    """Softmax attention of one query head over its tokens; low precision may overflow,
-    which is its measured error, not a fault.
+    """Softmax attention of one query head over its tokens (keys and values already
+    ``rounded``); low precision may overflow, which is its measured error, not a fault.
 
     Scores stay in the accumulation precision: rounding a score of -1e5 to bfloat16 (spacing
     512) would make the model itself answer noise and the budget admit any output."""
     with np.errstate(over="ignore", invalid="ignore"):
-        qh, kh, vh = rounded(q), rounded(keys), rounded(values)
+        qh = rounded(q)
         scores = modifiers.scores(kh @ qh, h, offsets)
         sink = modifiers.sink(h)
         top = scores.max() if sink is None or sink == -np.inf else max(scores.max(), sink)

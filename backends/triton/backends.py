@@ -196,7 +196,7 @@ class TritonMla(TritonBackend):
         from backends.triton.mla_kernel import mla_decode, tile_config
 
         tensors = self.inputs(problem)
-        config = tile_config(problem.kv_lora_rank, problem.num_qo_heads)
+        config = tile_config(problem.kv_lora_rank, problem.num_qo_heads, problem.batch)
         blocks = -(-problem.num_qo_heads // config["BLOCK_H"])
         return partial(mla_decode, tensors["q"], tensors["k_pages"], tensors["block_table"],
                        tensors["context_lens"], out, lse, kv_lora_rank=problem.kv_lora_rank,

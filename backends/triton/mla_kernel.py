@@ -87,12 +87,17 @@ def _mla_partial_kernel(
              mask=head_mask[:, None] & c_mask[None, :])
 
 
-def tile_config(rank: int, num_heads: int) -> dict:
-    """Launch parameters: 16 heads a tile (the smallest ``tl.dot`` row count) and 32-token
-    tiles at the real latent width (a 512-wide float32 accumulator is 64 registers a
-    thread at 4 warps), 64 below it."""
-    return {"BLOCK_H": 16, "BLOCK_N": 32 if rank > 256 else 64, "num_warps": 4,
-            "num_stages": 2, "waves": 2}
+def tile_config(rank: int, num_heads: int, batch: int = 1) -> dict:
+    """Launch parameters: 32-token tiles at the real latent width, 64 below it; 16 heads a
+    tile (the smallest ``tl.dot`` row count) for few sequences, 64 heads and 8 warps once
+    16 sequences fill the grid (each latent tile then serves 64 heads). The sweep on an
+    H200 (benchmarks/results/h200-mla/sweep-mla.json, DeepSeek-V3, bf16): 1 x 32768 103 us
+    at 16 heads (405 us at 64); 32 x 4096 296 us at 64 heads, 8 warps (353 us at 16);
+    128 x 1024 256 us (380 us at 16)."""
+    wide = rank > 256
+    many = wide and batch >= 16 and num_heads >= 64
+    return {"BLOCK_H": 64 if many else 16, "BLOCK_N": 32 if wide else 64,
+            "num_warps": 8 if many else 4, "num_stages": 2, "waves": 2}
 
 
 def mla_decode(q, pages, block_table, context_lens, out, lse, *, kv_lora_rank: int,
@@ -117,7 +122,7 @@ def mla_decode(q, pages, block_table, context_lens, out, lse, *, kv_lora_rank: i
     if batch == 0:
         return
     rope_dim = width - kv_lora_rank
-    config = {**tile_config(kv_lora_rank, heads), **(config or {})}
+    config = {**tile_config(kv_lora_rank, heads, batch), **(config or {})}
     head_blocks = triton.cdiv(heads, config["BLOCK_H"])
     if num_splits is None:
         longest = int(context_lens.max())

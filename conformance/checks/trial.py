@@ -34,6 +34,7 @@ from conformance.tolerances import (
     RATIO,
     Budget,
     admitted_answers,
+    head_dots,
     lse_error,
     lse_rounding,
     output_error,
@@ -184,7 +185,7 @@ class Trial:
         positions = problem.query_positions
         for r, k in enumerate(keys):
             offsets = problem.kept(r) - positions[r]
-            raw = np.einsum("hd,nhd->hn", self.query64[r], k)
+            raw = head_dots(self.query64[r], k)
             scores.append(np.stack([modifiers.scores(raw[h], h, offsets)
                                     for h in range(raw.shape[0])]) if raw.size else raw)
         return scores
