@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 from backends.tensors import to_torch  # noqa: E402
 from backends.triton.merge_kernel import merge_states  # noqa: E402
+from backends.triton.mla_kernel import mla_decode  # noqa: E402
 from backends.triton.paged_kernel import paged_decode  # noqa: E402
 from backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
 from conformance.problem import materialise  # noqa: E402
@@ -55,6 +56,34 @@ def test_bad_argument_is_named(kernel, change, fragment):
     change(tensors)
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
         call(kernel, tensors)
+
+
+MLA_CASE = Case(family="t", num_qo_heads=4, num_kv_heads=1, head_dim=24, page_size=4,
+                dtype="float16", context_lens=(5, 9), kv_lora_rank=16)
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda t: t.update(kv_lora_rank=24), "kv_lora_rank: 24, want 0 < kv_lora_rank < q's width"),
+    (lambda t: t.update(pages=t["pages"][..., :16].contiguous()), "pages: want (pages, page_size, 1, 24)"),
+    (lambda t: t.update(pages=t["pages"].float()), "pages: expected dtype float16"),
+    (lambda t: t.update(out=t["out"][..., :8].contiguous()), "out: expected shape (2, 4, 16)"),
+    (lambda t: t["block_table"].__setitem__((1, 0), 10_000), "block id 10000 is past the pool"),
+    (lambda t: t.update(window=0), "window: 0"),
+])
+def test_bad_mla_argument_is_named(change, fragment):
+    problem = materialise(MLA_CASE)
+    tensors = {"q": torch.from_numpy(problem.q), "pages": torch.from_numpy(problem.k_pages),
+               "block_table": torch.from_numpy(problem.block_table),
+               "context_lens": torch.from_numpy(problem.context_lens),
+               "out": torch.empty((2, 4, 16), dtype=torch.float16),
+               "lse": torch.empty((2, 4), dtype=torch.float32), "kv_lora_rank": 16,
+               "window": None}
+    change(tensors)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        mla_decode(tensors["q"], tensors["pages"], tensors["block_table"],
+                   tensors["context_lens"], tensors["out"], tensors["lse"],
+                   kv_lora_rank=tensors["kv_lora_rank"], sm_scale=0.25,
+                   window=tensors["window"])
 
 
 def test_bad_window_and_split_count_are_named():
