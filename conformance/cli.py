@@ -65,6 +65,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -146,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="write a Markdown summary (for a CI job page) here")
     running.add_argument("--allow-empty", action="store_true",
                          help="do not fail when a backend claims no check of the run")
+    running.add_argument("--durations", type=_count, default=0, metavar="N",
+                         help="list the N slowest (backend, case) pairs after the matrix "
+                              "(every case's time is in the JSON report's durations)")
     running.add_argument("--shard", metavar="K/N",
                          help="run share K of N of the cases (balanced by cost); join the "
                               "shards' JSON reports with `merge`")
@@ -324,6 +337,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     write_terminal(report, sys.stdout)
     print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
           f"{', '.join(b.label for b in backends)}")
+    if args.durations:
+        print(f"slowest {args.durations} case(s):")
+        for backend, case, seconds in report.slowest(args.durations):
+            print(f"  {seconds:8.2f}s  {backend}  {case}")
     for backend in backends:
         for note in backend.notes:
             print(f"{backend.label}: {note}")

@@ -192,6 +192,8 @@ def report_dict(report: RunReport, argv: list[str] | None = None) -> dict:
         "worker_restarts": [{"backend": backend, "case": case, "reasons": reasons}
                             for (backend, case), reasons in report.restarts.items()],
         "known_failures": [g.as_dict() for g in known_groups(report)],
+        "durations": [{"backend": backend, "case": case, "seconds": round(seconds, 3)}
+                      for (backend, case), seconds in report.durations.items()],
     }
 
 

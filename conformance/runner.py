@@ -7,6 +7,7 @@ unsupported cases, faults and the expectation manifest already applied.
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -248,6 +249,7 @@ class CaseRecord:
     captured: Captured | None = None
     device: str | None = None  # where the backend ran ("cpu", "cuda"), when it could say
     restarts: list[str] = field(default_factory=list)  # why its worker was replaced
+    seconds: float = 0.0  # wall-clock time of the case's checks on this backend
 
 
 @dataclass
@@ -261,6 +263,7 @@ class RunReport:
     captured: dict[tuple[str, str], Captured] = field(default_factory=dict)
     restarts: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (backend, case)
     devices: dict[str, str] = field(default_factory=dict)  # backend label -> where it ran
+    durations: dict[tuple[str, str], float] = field(default_factory=dict)  # (backend, case)
     # what the machine that ran the cases recorded (a merge of shards keeps the shards'
     # machine and backend descriptions, not those of the machine that merges them)
     recorded_machine: dict | None = None
@@ -269,6 +272,12 @@ class RunReport:
     @property
     def failures(self) -> list[Result]:
         return [r for r in self.results if r.status in FAILING]
+
+    def slowest(self, count: int) -> list[tuple[str, str, float]]:
+        """The ``count`` slowest (backend, case, seconds), slowest first: what a profile
+        costs, and which case is a run's critical path."""
+        ranked = sorted(self.durations.items(), key=lambda item: -item[1])[:count]
+        return [(backend, case, seconds) for (backend, case), seconds in ranked]
 
     def unclaimed(self) -> list[str]:
         """Why each backend that claims no check of this run fails it (unless allowed)."""
@@ -310,12 +319,14 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
     if backend.reason is not None:
         return CaseRecord([r for family in settings.families
                            for r in evaluate(backend, case, family, settings)])
+    started = time.monotonic()
     handle = backend.connect(settings.isolated)
     handle.begin_case(settings.case_timeout, case.id)
     trial = Trial(handle, case)
     results = [result for family in settings.families
                for result in evaluate(backend, case, family, settings, trial)]
-    return CaseRecord(results, handle.end_case(), handle.device(), handle.take_restarts())
+    return CaseRecord(results, handle.end_case(), handle.device(), handle.take_restarts(),
+                      seconds=time.monotonic() - started)
 
 
 # Per worker process of ``-j``: the backends it has connected, by label.
@@ -393,6 +404,8 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
                 report.restarts[(backend.label, case.id)] = record.restarts
             if record.device:
                 report.devices[backend.label] = record.device
+            if record.seconds:
+                report.durations[(backend.label, case.id)] = record.seconds
     return report
 
 

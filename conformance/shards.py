@@ -98,6 +98,8 @@ def merge_reports(paths: list[Path]):
                                                                           entry["tail"])
         for entry in report.get("worker_restarts", []):
             merged.restarts[(entry["backend"], entry["case"])] = entry["reasons"]
+        for entry in report.get("durations", []):
+            merged.durations[(entry["backend"], entry["case"])] = entry["seconds"]
         for backend in report["backends"]:
             if backend.get("device"):
                 merged.devices[backend["name"]] = backend["device"]

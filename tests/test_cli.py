@@ -49,6 +49,22 @@ def test_run_numpy_passes_and_writes_the_json_report(tmp_path):
     assert row["status"] == "passed" and 0 <= row["error"] <= row["budget"]
 
 
+def test_durations_lists_the_slowest_cases_and_the_report_holds_every_one(tmp_path):
+    report_path = tmp_path / "report.json"
+    result = cli("run", "--backend", "numpy", "--profile", "smoke", "-k", "mla/", "--durations",
+                 "2", "--report-json", str(report_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    listed = result.stdout.split("slowest 2 case(s):\n", 1)[1].splitlines()[:2]
+    seconds = [float(line.split()[0].rstrip("s")) for line in listed]
+    assert seconds == sorted(seconds, reverse=True) and all("numpy  mla/" in line
+                                                              for line in listed)
+    report = json.loads(report_path.read_text())
+    timed = {entry["case"]: entry["seconds"] for entry in report["durations"]}
+    assert set(timed) == {r["case"] for r in report["results"]}
+    assert max(timed.values()) == seconds[0] or abs(max(timed.values()) - seconds[0]) < 0.01
+    assert cli("run", "--backend", "numpy", "--durations", "-1").returncode == 2
+
+
 def test_a_failure_prints_its_error_and_a_reproducer_that_reruns_it():
     result = cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
     assert result.returncode == 1

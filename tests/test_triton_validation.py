@@ -64,7 +64,8 @@ MLA_CASE = Case(family="t", num_qo_heads=4, num_kv_heads=1, head_dim=24, page_si
 
 @pytest.mark.parametrize("change,fragment", [
     (lambda t: t.update(kv_lora_rank=24), "kv_lora_rank: 24, want 0 < kv_lora_rank < q's width"),
-    (lambda t: t.update(pages=t["pages"][..., :16].contiguous()), "pages: want (pages, page_size, 1, 24)"),
+    (lambda t: t.update(pages=t["pages"][..., :16].contiguous()),
+     "pages: want (pages, page_size, 1, 24)"),
     (lambda t: t.update(pages=t["pages"].float()), "pages: expected dtype float16"),
     (lambda t: t.update(out=t["out"][..., :8].contiguous()), "out: expected shape (2, 4, 16)"),
     (lambda t: t["block_table"].__setitem__((1, 0), 10_000), "block id 10000 is past the pool"),
