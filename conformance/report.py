@@ -211,7 +211,8 @@ def plain_text(text: str) -> str:
 
 
 def write_junit(report: RunReport, path: str | Path) -> None:
-    """JUnit XML: a suite per backend, a test case per (case, check)."""
+    """JUnit XML: a suite per backend, a test case per (case, check), each with its share of
+    its case's time."""
     from xml.etree import ElementTree as ET
 
     root = ET.Element("testsuites", name="paged-decode-conformance")
@@ -223,16 +224,28 @@ def write_junit(report: RunReport, path: str | Path) -> None:
             case = ET.SubElement(suite, "testcase", classname="run", name="verdict")
             ET.SubElement(case, "error", message=plain_text(problem)[:200]).text = \
                 plain_text(problem)
+    checks_of: dict[tuple[str, str], int] = {}
+    for r in report.results:
+        checks_of[(r.backend, r.case)] = checks_of.get((r.backend, r.case), 0) + 1
+
+    def seconds(result) -> float:
+        """A sub-check's share of its case's time: the checks of a case share their work
+        (one problem, one oracle), so the case's time is split among them equally."""
+        key = (result.backend, result.case)
+        return report.durations.get(key, 0.0) / checks_of[key]
+
     for backend in report.backends:
         results = [r for r in report.results if r.backend == backend.label]
         suite = ET.SubElement(root, "testsuite", name=backend.label, tests=str(len(results)),
+                              time=f"{sum(map(seconds, results)):.3f}",
                               failures=str(sum(r.status in (Status.FAILED, Status.UNEXPECTED_PASS)
                                                for r in results)),
                               errors=str(sum(r.status == Status.ERROR for r in results)),
                               skipped=str(sum(r.status in SKIPPED for r in results)))
         for result in results:
             case = ET.SubElement(suite, "testcase", classname=backend.label,
-                                 name=f"{result.case}::{result.check}")
+                                 name=f"{result.case}::{result.check}",
+                                 time=f"{seconds(result):.3f}")
             message = plain_text(result.message)
             text = f"{message}\nrerun: {result.reproducer}"
             if result.status in (Status.FAILED, Status.UNEXPECTED_PASS):
@@ -262,6 +275,15 @@ def worst_errors(results) -> list[tuple[str, str, str, float, float, str]]:
         if key not in worst or error / budget > worst[key][0] / worst[key][1]:
             worst[key] = (error, budget, r["case"])
     return [(*key, *value) for key, value in sorted(worst.items())]
+
+
+def code_span(text: str) -> str:
+    """Text as a Markdown code span, copied as it is: fenced by more backticks than it holds
+    in a row (CommonMark), on one line."""
+    flat = " ".join(plain_text(text).split())
+    fence = "`" * (max((len(run) for run in re.findall("`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def md(text: object) -> str:
@@ -296,7 +318,7 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
             measured = f" (error {r.error:.3g}, budget {r.budget:.3g})" if (
                 r.error is not None and r.budget is not None) else ""
             lines += [f"- **{r.status}** {md(r.backend)} {md(r.check)}{measured} on "
-                      f"{md(r.case)}: {md(r.message)}", f"  {md(r.reproducer)}"]
+                      f"{md(r.case)}: {md(r.message)}", f"  {code_span(r.reproducer)}"]
         if len(failures) > max_failures:
             lines.append(f"- ... {len(failures) - max_failures} more in the JSON report")
         lines.append("")

@@ -91,18 +91,28 @@ def test_expectations_update_appends_placeholders_that_strict_rejects(tmp_path):
 
 
 def test_junit_and_markdown_reports(tmp_path):
-    junit, summary = tmp_path / "r.xml", tmp_path / "s.md"
+    junit, summary, data = tmp_path / "r.xml", tmp_path / "s.md", tmp_path / "r.json"
     result = cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke",
-                 "--junit-xml", str(junit), "--summary-md", str(summary))
+                 "--junit-xml", str(junit), "--summary-md", str(summary), "--report-json",
+                 str(data))
     assert result.returncode == 1
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("name") == "bug-window-off-by-one"
     failures = suite.findall("testcase/failure")
     assert int(suite.get("failures")) == len(failures) > 0
     assert "rerun: python -m conformance" in failures[0].text
+    report = json.loads(data.read_text())
+    # every test case carries its share of its case's time; together, the cases' times
+    times = [float(case.get("time")) for case in suite.findall("testcase")]
+    assert all(t >= 0 for t in times) and any(t > 0 for t in times)
+    assert abs(sum(times) - sum(d["seconds"] for d in report["durations"])) < 0.01 * len(times)
+    assert abs(float(suite.get("time")) - sum(times)) < 0.01
     text = summary.read_text()
     assert "**FAIL**" in text and "| backend | oracle |" in text
-    assert "python -m conformance run --backend tests.planted:WindowOffByOne" in text
+    failed = next(r for r in report["results"] if r["status"] == "failed")
+    assert f"`{failed['reproducer']}`" in text  # a code span: copied, it reruns the case
+    reruns = [line for line in text.splitlines() if line.startswith("  `python -m")]
+    assert reruns and not any("\\" in line for line in reruns)  # nothing escaped in them
     assert "### Accuracy" in text
 
 
