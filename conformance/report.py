@@ -16,7 +16,7 @@ from typing import TextIO
 from conformance import machine
 from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import write_atomically
-from conformance.runner import RunReport, results_by_family
+from conformance.runner import Result, RunReport, results_by_family
 from conformance.status import FAILING, Status
 
 SCHEMA = "paged-decode-conformance/report/1"
@@ -96,6 +96,36 @@ def known_groups(report: RunReport) -> list[KnownGroup]:
             for entry, r, count in groups.values()]
 
 
+@dataclass(frozen=True)
+class FailureGroup:
+    """Unexpected failures of one check on one backend that share a cause: the same query
+    heads wrong (``wrong_where``), or else the same message but for its numbers. Printed
+    once, by its smallest case; the JSON report keeps every result."""
+
+    cause: str
+    results: tuple[Result, ...]
+
+    @property
+    def smallest(self) -> Result:
+        return min(self.results, key=lambda r: (r.context or 0, len(r.case)))
+
+
+_WRONG_HEADS = re.compile(r"heads (all \d+|\[[^\]]*\] of \d+)")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def failure_groups(failures: list[Result]) -> list[FailureGroup]:
+    """The failures grouped by cause, in the order their first member failed."""
+    groups: dict[tuple[str, str, str, str], list[Result]] = {}
+    for result in failures:
+        wrong = _WRONG_HEADS.search(result.message)
+        cause = f"wrong in {wrong.group(0)}" if wrong else \
+            _NUMBER.sub("#", result.message.split(" at [")[0])
+        groups.setdefault((result.backend, result.status, result.check, cause), []).append(
+            result)
+    return [FailureGroup(key[3], tuple(members)) for key, members in groups.items()]
+
+
 def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) -> None:
     print(file=stream)
     print(f"profile {report.settings.profile}: {len(report.cases)} cases, "
@@ -136,16 +166,28 @@ def write_terminal(report: RunReport, stream: TextIO, max_failures: int = 30) ->
             print("but the manifest problems above fail the run (--strict-manifest)",
                   file=stream)
         return
-    print(f"\n{len(failures)} unexpected failure(s):", file=stream)
-    for result in failures[:max_failures]:
+    groups = failure_groups(failures)
+    print(f"\n{len(failures)} unexpected failure(s)"
+          f"{f' in {len(groups)} group(s) of one cause' if len(groups) < len(failures) else ''}"
+          ":", file=stream)
+    for group in groups[:max_failures]:
+        result = group.smallest
         measured = ""
         if result.error is not None and result.budget is not None:
             measured = f" [error {result.error:.3g}, budget {result.budget:.3g}]"
-        print(f"- {result.status.upper()} {result.backend} {result.check}{measured}\n"
+        cases = len(group.results)
+        shared = f" in {cases} cases of one cause ({group.cause}), the smallest:" \
+            if cases > 1 else ""
+        print(f"- {result.status.upper()} {result.backend} {result.check}{measured}{shared}\n"
               f"  case: {result.case}\n  {result.message}\n  rerun: {result.reproducer}",
               file=stream)
-    if len(failures) > max_failures:
-        print(f"... and {len(failures) - max_failures} more (see the JSON report)", file=stream)
+        others = [r.case for r in group.results if r is not result]
+        if others:
+            more = f", and {len(others) - 3} more (JSON report)" if len(others) > 3 else ""
+            print(f"  also: {', '.join(others[:3])}{more}", file=stream)
+    if len(groups) > max_failures:
+        print(f"... and {len(groups) - max_failures} more group(s) (see the JSON report)",
+              file=stream)
 
 
 def _finite_or_text(value: float | None) -> float | str | None:
@@ -313,14 +355,18 @@ def write_markdown(report: RunReport, path: str | Path, max_failures: int = 50) 
         lines.append("")
     failures = report.failures
     if failures:
-        lines += [f"### {len(failures)} unexpected failure(s)", ""]
-        for r in failures[:max_failures]:
+        groups = failure_groups(failures)
+        lines += [f"### {len(failures)} unexpected failure(s) in {len(groups)} group(s)", ""]
+        for group in groups[:max_failures]:
+            r = group.smallest
             measured = f" (error {r.error:.3g}, budget {r.budget:.3g})" if (
                 r.error is not None and r.budget is not None) else ""
-            lines += [f"- **{r.status}** {md(r.backend)} {md(r.check)}{measured} on "
+            shared = f" in {len(group.results)} cases ({md(group.cause)}), the smallest" \
+                if len(group.results) > 1 else ""
+            lines += [f"- **{r.status}** {md(r.backend)} {md(r.check)}{shared}{measured} on "
                       f"{md(r.case)}: {md(r.message)}", f"  {code_span(r.reproducer)}"]
-        if len(failures) > max_failures:
-            lines.append(f"- ... {len(failures) - max_failures} more in the JSON report")
+        if len(groups) > max_failures:
+            lines.append(f"- ... {len(groups) - max_failures} more group(s) in the JSON report")
         lines.append("")
     rows = accuracy_rows(report)
     if rows:

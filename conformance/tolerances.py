@@ -55,39 +55,62 @@ def table_budget(dtype: str, float32_matmul: str = "ieee") -> float:
 
 def output_error(got: np.ndarray, want: np.ndarray) -> float:
     """Max absolute difference over the largest reference magnitude; NaN or inf gives inf."""
+    return float(output_errors(got, want).max(initial=0.0))
+
+
+def output_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """``output_error`` of every element: its absolute difference over the largest reference
+    magnitude, inf where ``got`` is not finite."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
-    if not np.all(np.isfinite(got)):
-        return math.inf
     scale = float(np.abs(want).max(initial=0.0)) or 1.0
-    return float(np.abs(got - want).max(initial=0.0)) / scale
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(got), np.abs(got - want) / scale, math.inf)
 
 
 def lse_error(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf) -> float:
     """Absolute error over max(1, |want|); where ``want`` is empty (-inf), ``got`` must be
     exactly the empty value the backend declared, else the error is inf."""
+    return float(lse_errors(got, want, empty_value).max(initial=0.0))
+
+
+def lse_errors(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf
+               ) -> np.ndarray:
+    """``lse_error`` of every element: 0 or inf where ``want`` is empty, inf where ``got``
+    is NaN or not finite where ``want`` is."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
-    if np.isnan(got).any():
-        return math.inf
     if math.isinf(empty_value):
         empty = np.isneginf(want)
+        empty_ok = np.isneginf(got)
     else:  # a finite sentinel, possibly rounded to float32 on the way
         empty = np.isneginf(want) | np.isclose(want, empty_value, rtol=1e-6, atol=0.0)
-    if math.isinf(empty_value):
-        empty_ok = np.isneginf(got[empty])
-    else:
-        empty_ok = np.isclose(got[empty], empty_value, rtol=1e-6, atol=0.0)
-    if not np.all(empty_ok):
-        return math.inf
-    live = ~empty
-    if not live.any():
-        return 0.0
+        empty_ok = np.isclose(got, empty_value, rtol=1e-6, atol=0.0)
     with np.errstate(invalid="ignore"):
-        diff = np.abs(got[live] - want[live])
-    if not np.all(np.isfinite(diff)):
-        return math.inf
-    return float((diff / np.maximum(1.0, np.abs(want[live]))).max())
+        diff = np.abs(got - want) / np.maximum(1.0, np.abs(np.where(empty, 0.0, want)))
+    errors = np.where(empty, np.where(empty_ok, 0.0, math.inf),
+                      np.where(np.isfinite(diff), diff, math.inf))
+    return np.where(np.isnan(got), math.inf, errors)
+
+
+def wrong_where(errors: np.ndarray, budget: float) -> str:
+    """Which query rows and heads of a ``(rows, heads[, dim])`` error array are past the
+    budget, as ``wrong in rows [..] of R, heads [..] of H``: the pattern one cause leaves
+    (a wrong head mapping: every other head; a bad row: one row), by which failures group."""
+    bad = errors > budget
+    if not bad.any():
+        return ""
+    axes = tuple(range(2, bad.ndim))
+    per_row_head = bad.any(axis=axes) if axes else bad
+    return (f"wrong in rows {_listed(np.flatnonzero(per_row_head.any(axis=1)), bad.shape[0])}, "
+            f"heads {_listed(np.flatnonzero(per_row_head.any(axis=0)), bad.shape[1])}")
+
+
+def _listed(indices: np.ndarray, total: int) -> str:
+    if len(indices) == total:
+        return f"all {total}"
+    shown = ", ".join(map(str, indices[:8].tolist())) + (", ..." if len(indices) > 8 else "")
+    return f"[{shown}] of {total}"
 
 
 def score_errors(q: np.ndarray, keys_per_row: list[np.ndarray], sm_scale: float,

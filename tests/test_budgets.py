@@ -12,7 +12,7 @@ from conformance.checks.trial import Trial
 from conformance.runner import RunSettings, evaluate, open_backend, select_cases
 from conformance.spec import default_spec
 from conformance.status import Status
-from conformance.tolerances import Budget, admitted_answers, output_error
+from conformance.tolerances import Budget, admitted_answers, output_error, wrong_where
 
 CI_CASES = select_cases(default_spec(), "ci")
 
@@ -85,3 +85,12 @@ def test_the_low_precision_model_holds_scores_in_float32():
     out_budget, _ = trial.budget
     assert out_budget.ratio < 0.1, out_budget
     assert np.isfinite(out_budget.value)
+
+
+def test_wrong_where_names_the_rows_and_heads_past_the_budget():
+    errors = np.zeros((3, 8, 4))
+    errors[1, [1, 3], 2] = 1.0
+    assert wrong_where(errors, 0.5) == "wrong in rows [1] of 3, heads [1, 3] of 8"
+    errors[:, :, 0] = np.inf
+    assert wrong_where(errors, 0.5) == "wrong in rows all 3, heads all 8"
+    assert wrong_where(np.zeros((2, 4)), 0.5) == ""

@@ -65,6 +65,21 @@ def test_durations_lists_the_slowest_cases_and_the_report_holds_every_one(tmp_pa
     assert cli("run", "--backend", "numpy", "--durations", "-1").returncode == 2
 
 
+def test_failures_of_one_cause_print_once_with_the_heads_they_share(tmp_path):
+    """A wrong KV-head mapping fails every case alike: one group per check, naming the
+    heads that are wrong, by its smallest case; the JSON report keeps every failure."""
+    report_path = tmp_path / "report.json"
+    result = cli("run", "--backend", "tests.planted:ModuloHeadMapping", "--profile", "smoke",
+                 "--check", "oracle", "--report-json", str(report_path))
+    assert result.returncode == 1
+    failed = [r for r in json.loads(report_path.read_text())["results"]
+              if r["status"] == "failed"]
+    groups = [line for line in result.stdout.splitlines() if line.startswith("- FAILED")]
+    assert len(failed) > 2 * len(groups) >= 4
+    assert all("(wrong in heads [1, 3, 4, 6] of 8)" in line for line in groups)
+    assert f"{len(failed)} unexpected failure(s) in {len(groups)} group(s)" in result.stdout
+
+
 def test_a_failure_prints_its_error_and_a_reproducer_that_reruns_it():
     result = cli("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
     assert result.returncode == 1

@@ -120,3 +120,48 @@ def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, 
                             cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]
+
+
+COMPILE_MLA = r'''
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from backends.triton import mla_kernel
+
+rank, rope, heads, dtype, batch = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                   sys.argv[4], int(sys.argv[5]))
+t = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]
+config = mla_kernel.tile_config(rank, heads, batch)
+consts = dict(NUM_HEADS=heads, RANK=rank, ROPE=rope,
+              BLOCK_C=max(16, triton.next_power_of_2(rank)),
+              BLOCK_R=max(16, triton.next_power_of_2(rope)), BLOCK_H=config["BLOCK_H"],
+              PAGE_SIZE=64, BLOCK_N=config["BLOCK_N"], HAS_WINDOW=True,
+              DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
+              DOT_DTYPE={"float16": tl.float16, "bfloat16": tl.bfloat16,
+                         "float32": tl.float32}[dtype])
+signature = {"q": t, "pages": t, "block_table": "*i32", "context_lens": "*i32",
+             "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "scale_log2": "fp32",
+             "window": "i32", "sinks": "i32", "stride_table": "i32", "num_splits": "i32",
+             **{k: "constexpr" for k in consts}}
+source = triton.compiler.ASTSource(fn=mla_kernel._mla_partial_kernel, signature=signature,
+                                   constexprs=consts)
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": config["num_warps"],
+                                 "num_stages": config["num_stages"]})
+assert "cubin" in kernel.asm
+print("compiled")
+'''
+
+
+# (kv_lora_rank, rope_dim, heads, dtype, batch): DeepSeek-V3 at both tile configurations
+# (16 heads a tile for one sequence, 64 heads and 8 warps for a batch), a small latent
+@pytest.mark.parametrize("rank,rope,heads,dtype,batch", [
+    (512, 64, 128, "bfloat16", 1), (512, 64, 128, "bfloat16", 32), (64, 16, 16, "float32", 1),
+])
+def test_the_mla_kernel_compiles_for_sm90(rank, rope, heads, dtype, batch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_MLA, str(rank), str(rope),
+                             str(heads), dtype, str(batch)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]

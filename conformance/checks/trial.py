@@ -36,14 +36,17 @@ from conformance.tolerances import (
     admitted_answers,
     head_dots,
     lse_error,
+    lse_errors,
     lse_rounding,
     output_error,
+    output_errors,
     output_rounding,
     score_error_bound,
     score_errors,
     score_rounding,
     table_budget,
     trivial_answers,
+    wrong_where,
 )
 from references import apply_sink, decode_reference
 from references.decode import Modifiers, gather_sequence
@@ -325,15 +328,17 @@ class Trial:
         parts = []  # (error / budget, error, budget, message if it fails)
         suffix = f" ({what})" if what else ""
         if want_out is not None:
-            error = output_error(got.out, want_out)
-            parts.append((error / out_budget.value, error, out_budget, lambda e=error:
+            errors = output_errors(got.out, want_out)
+            error = float(errors.max(initial=0.0))
+            parts.append((error / out_budget.value, error, out_budget, lambda e=error, x=errors:
                           f"output error {e:.3g} > budget {out_budget.value:.3g}{suffix}"
-                          f"{locate(got.out, want_out)}"))
+                          f"{locate(got.out, want_out)}; {wrong_where(x, out_budget.value)}"))
         if want_lse is not None and "lse" in self.has:
-            error = lse_error(got.lse, want_lse, self.empty_lse)
-            parts.append((error / lse_budget.value, error, lse_budget, lambda e=error:
+            errors = lse_errors(got.lse, want_lse, self.empty_lse)
+            error = float(errors.max(initial=0.0))
+            parts.append((error / lse_budget.value, error, lse_budget, lambda e=error, x=errors:
                           lse_message(got.lse, want_lse, e, lse_budget, self.empty_lse)
-                          + suffix))
+                          + f"{suffix}; {wrong_where(x, lse_budget.value)}"))
         _, error, budget, message = max(parts, key=lambda part: part[0])
         if error > budget.value:
             return Outcome(check, Status.FAILED, error, budget, message())
