@@ -16,13 +16,14 @@ import math
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from backends.base import KIND_NAMES, Capabilities, Instance
+from backends.base import Capabilities, Instance
 from conformance.dtypes import DTYPES
 from conformance.spec import DISTRIBUTIONS, KV_SCALINGS, MLA_DISTINCT_VALUES, Case
 
-# MLA latents drawn when a backend claims any: (kv_lora_rank, rope_dim), small first, and
-# DeepSeek's.
-LATENT_DIMS = ((16, 16), (32, 8), (64, 16), (128, 64), (512, 64))
+# MLA latents drawn when a backend claims any: (kv_lora_rank, rope_dim), small first, a
+# latent that is no power of two, and DeepSeek's. Every key width is a multiple of 32, as
+# every listed head_dim is, so that a head_dim bug explore finds shrinks to a GQA case.
+LATENT_DIMS = ((16, 16), (32, 32), (96, 32), (128, 64), (512, 64))
 
 # Examples stay cheap: tokens x query heads x head_dim at most this (a CPU second or less).
 CPU_COST_CAP = 400_000
@@ -139,15 +140,21 @@ def cases(draw: st.DrawFn, capabilities: Capabilities, cost_cap: int = CPU_COST_
     features = capabilities.features if features is None else features
     long_context, wide_pool = _rarely(draw), _rarely(draw)
     wide = long_context or wide_pool  # tiny heads, and the cost cap is WIDE_COST
-    mla = draw(st.sampled_from(sorted(capabilities.kinds, key=KIND_NAMES.index))) == "mla"
+    # MLA on one example of four where GQA is claimed too (it shrinks to GQA), else always
+    mla = "mla" in capabilities.kinds and (
+        "gqa" not in capabilities.kinds or draw(st.integers(0, 3)) == 3)
     kv_lora_rank = None
     if mla:  # one latent shared by every head: a group of all of them
         dtype = draw(st.sampled_from(sorted(set(capabilities.dtypes) & set(DTYPES),
                                             key=list(DTYPES).index)))
-        kv_lora_rank, rope_dim = draw(st.sampled_from(
-            LATENT_DIMS if capabilities.latent_dims is None else sorted(capabilities.latent_dims)))
+        latents = LATENT_DIMS if capabilities.latent_dims is None else sorted(
+            capabilities.latent_dims)
+        if wide:  # tiny heads, as for GQA
+            latents = [p for p in latents if sum(p) <= 32] or latents[:1]
+        kv_lora_rank, rope_dim = draw(st.sampled_from(latents))
         num_kv_heads, head_dim = 1, kv_lora_rank + rope_dim
-        group = draw(st.one_of(st.integers(1, 16), st.sampled_from((16, 32, 64, 128))))
+        group = draw(st.integers(1, 2) if wide else st.one_of(
+            st.integers(1, 16), st.sampled_from((16, 32, 64, 128))))
         page_size = draw(_sizes(capabilities.page_sizes, st.integers(1, MAX_PAGE_SIZE)))
     elif capabilities.instances is not None:
         num_qo_heads, num_kv_heads, head_dim, page_size, dtype = draw(_instances(capabilities))
