@@ -4,6 +4,7 @@ would have written."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -11,7 +12,7 @@ from conformance.shards import parse_shard, shard_cases
 from conformance.spec import default_spec
 from tests.run_cli import cli
 
-VOLATILE = {"created", "command", "shard"}
+VOLATILE = {"created", "command", "shard", "durations"}  # durations: timings, compared apart
 
 
 def test_shards_partition_the_cases_deterministically_and_balance_their_cost():
@@ -62,9 +63,13 @@ def test_merged_shards_report_exactly_what_one_run_reports(tmp_path):
     assert {k: v for k, v in single.items() if k not in VOLATILE} == \
         {k: v for k, v in joined.items() if k not in VOLATILE}
     assert single["stale_expectations"] and not single["ok"]  # the verdict is the union's
+    timed = [{(d["backend"], d["case"]) for d in report["durations"]} for report in (
+        single, joined)]
+    assert timed[0] == timed[1] == {(r["backend"], r["case"]) for r in single["results"]}
+    untimed = re.compile(r' time="[0-9.]+"')  # JUnit times: this run's, not the shards'
     for suffix in ("xml", "md"):
-        assert (tmp_path / f"one.{suffix}").read_text() == \
-            (tmp_path / f"merged.{suffix}").read_text()
+        assert untimed.sub("", (tmp_path / f"one.{suffix}").read_text()) == \
+            untimed.sub("", (tmp_path / f"merged.{suffix}").read_text())
     missing = cli("merge", shards[0], shards[2])
     assert missing.returncode == 2 and "exactly once" in missing.stderr
 
