@@ -88,6 +88,20 @@ def kept_position(i, sinks_kept, window_start):
     return tl.where(i < sinks_kept, i, i - sinks_kept + window_start)
 
 
+@triton.jit
+def tile_slots(table_row, tile, end, sinks_kept, window_start, PAGE_SIZE: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Kept tokens ``tile .. tile + BLOCK_N`` of a split ending at ``end``: their context
+    positions, which of them are read (inside the split, on an allocated page), and the
+    pool slot (``page * PAGE_SIZE + offset``, int64) each lies in."""
+    i = tile + tl.arange(0, BLOCK_N)
+    valid = i < end
+    position = kept_position(i, sinks_kept, window_start)
+    page = tl.load(table_row + position // PAGE_SIZE, mask=valid, other=-1)
+    slot = page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE
+    return position, valid & (page >= 0), slot
+
+
 def rows_per_program(tensor, tile: int) -> int:
     """Rows a small kernel handles per program: one tile's worth on a GPU, many under the
     interpreter, whose cost is per program."""

@@ -22,10 +22,10 @@ import triton.language as tl
 from backends.triton.kernel_common import (
     LOG2E,
     choose_splits,
-    kept_position,
     kept_span,
     online_softmax_step,
     split_bounds,
+    tile_slots,
 )
 from backends.triton.splitkv_kernel import DOT_DTYPES, combine_splits
 from backends.triton.validation import check_mla_inputs
@@ -63,12 +63,9 @@ def _mla_partial_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     table_row = block_table + b.to(tl.int64) * stride_table
     for tile in range(start, end, BLOCK_N):
-        i = tile + tl.arange(0, BLOCK_N)
-        valid = i < end
-        position = kept_position(i, sinks_kept, window_start)
-        page = tl.load(table_row + position // PAGE_SIZE, mask=valid, other=-1)
-        valid = valid & (page >= 0)
-        token = (page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE) * (RANK + ROPE)
+        _, valid, slot = tile_slots(table_row, tile, end, sinks_kept, window_start, PAGE_SIZE,
+                                    BLOCK_N)
+        token = slot * (RANK + ROPE)
         latent = tl.load(pages + token[:, None] + c[None, :],
                          mask=valid[:, None] & c_mask[None, :], other=0.0)
         rope = tl.load(pages + token[:, None] + RANK + r[None, :],

@@ -33,12 +33,12 @@ from backends.triton.kernel_common import (
     LN2,
     LOG2E,
     choose_splits,
-    kept_position,
     kept_span,
     modified_scores,
     online_softmax_step,
     rows_per_program,
     split_bounds,
+    tile_slots,
 )
 from backends.triton.validation import Queries, Scales, ScoreModifiers, paged_shapes
 
@@ -103,12 +103,9 @@ def _splitkv_partial_kernel(
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     table_row = block_table + b.to(tl.int64) * stride_table
     for tile in range(start, end, BLOCK_N):
-        i = tile + tl.arange(0, BLOCK_N)
-        valid = i < end
-        position = kept_position(i, sinks_kept, window_start)
-        page = tl.load(table_row + position // PAGE_SIZE, mask=valid, other=-1)
-        valid = valid & (page >= 0)
-        token = (page.to(tl.int64) * PAGE_SIZE + position % PAGE_SIZE) * NUM_KV_HEADS + kv_head
+        position, valid, slot = tile_slots(table_row, tile, end, sinks_kept, window_start,
+                                           PAGE_SIZE, BLOCK_N)
+        token = slot * NUM_KV_HEADS + kv_head
         kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
         if FP8_WORDS >= 2:
