@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from conformance.dtypes import DTYPES, FP8_DTYPES, SCALE_MODES
-
-# The problem kinds a backend may claim (conformance.spec.KINDS describes them).
-KIND_NAMES = ("gqa", "mla")
+from conformance.spec import KINDS
 
 if TYPE_CHECKING:
     from conformance.problem import Problem
@@ -91,14 +89,14 @@ class Capabilities:
                 raise ValueError(f"Capabilities.{name} must be None (any) or positive integers, "
                                  f"got {sorted(sizes, key=str)!r}")
         for name, known in (("kv_dtypes", FP8_DTYPES), ("kv_scales", SCALE_MODES),
-                            ("q_dtypes", FP8_DTYPES), ("kinds", KIND_NAMES)):
+                            ("q_dtypes", FP8_DTYPES), ("kinds", tuple(KINDS))):
             unknown_names = set(getattr(self, name)) - set(known)
             if unknown_names:
                 raise ValueError(f"Capabilities.{name}: unknown {sorted(unknown_names)}; "
                                  f"known: {', '.join(known)}")
         if not self.kinds:
             raise ValueError("Capabilities.kinds must name at least one problem kind "
-                             f"({', '.join(KIND_NAMES)})")
+                             f"({', '.join(KINDS)})")
         if self.latent_dims is not None and (not self.latent_dims or not all(
                 isinstance(p, tuple) and len(p) == 2 and _positive_ints(p)
                 for p in self.latent_dims)):

@@ -71,12 +71,8 @@ class NumpySplitK(Backend):
 
     def codes(self, problem: Problem, block: int) -> tuple[np.ndarray, np.ndarray]:
         """What page ``block`` stores, as float32 (an fp8 code's value is exact there). An
-        MLA page holds one latent and rotary part per token: the key is both, the value its
-        latent, loaded once."""
-        keys = problem.k_pages[block].astype(F32)
-        if problem.kv_lora_rank is not None:
-            return keys, keys[..., :problem.kv_lora_rank]
-        return keys, problem.v_pages[block].astype(F32)
+        MLA page's values are the view of its keys' latents (``Problem.v_pages``)."""
+        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
 
     def page_scales(self, scale: np.ndarray, block: int) -> np.ndarray:
         """``(page_size or 1, kv_heads or 1)`` float32 scales of one page's tokens."""
