@@ -21,8 +21,8 @@
 #        on every fp8 backend, the gpu bench shapes with fp16 and e4m3 caches in one run;
 #        carry .flashinfer/
 #   bash benchmarks/gpu_session.sh fp8-speed           # issue 18: the fp8 launch sweep (with the
-#        ways of reading fp8 tiles), the fp8 ci families on triton-splitkv compiled, and the gpu
-#        bench shapes (fp16 and e4m3) on triton-splitkv, flashinfer, flashinfer-tc in one run
+#        ways of reading fp8 tiles), and the gpu bench shapes (fp16 and e4m3) on FP8_BENCH
+#        (default triton-splitkv flashinfer flashinfer-tc; empty: the sweep only)
 #   bash benchmarks/gpu_session.sh modifiers           # issue 19: the soft-cap, sink-logit,
 #        ALiBi and served-model families (ci, then the full served models) on the GPU
 #        backends, and the FlashInfer reproducers in docs/findings/
@@ -134,9 +134,10 @@ case "${1:-conformance}" in
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-170} bash "$0" bench )
     ;;
   fp8-speed)
+    fp8_bench=${FP8_BENCH-triton-splitkv flashinfer flashinfer-tc}
     # FlashInfer JIT-compiles its bench modules (fp16 and e4m3, both paths, groups 4 and 8)
     # on small problems while the sweep runs, so that its bench times kernels, not nvcc
-    timeout 300 python3 - > "$OUT/flashinfer-warm.log" 2>&1 <<'PY' &
+    [[ $fp8_bench == *flashinfer* ]] && timeout 300 python3 - > "$OUT/flashinfer-warm.log" 2>&1 <<'PY' &
 from backends.registry import resolve
 from conformance.problem import materialise, poisoned_outputs
 from conformance.spec import Case
@@ -155,7 +156,7 @@ PY
     echo "sweep rc=$?"
     wait "$warm"; echo "flashinfer warm-up rc=$?"; tail -3 "$OUT/flashinfer-warm.log"
     mkdir -p "$OUT/bench"
-    for name in triton-splitkv flashinfer flashinfer-tc; do
+    for name in $fp8_bench; do
       timeout "${BENCH_TIMEOUT:-110}" python3 -m conformance bench --shapes gpu --rounds 2 \
         --backend "$name" --report-json "$OUT/bench/$name.json" 2>&1 | tail -16
     done

@@ -41,7 +41,8 @@ def test_runtime_only_tvm_claims_exactly_the_decode_kernels_of_its_build(tmp_pat
     built = [kernels.KernelKey("decode", "cuda", 6, 2, 40, "float16", 3, sliding)
              for sliding in (False, True)]
     built += [kernels.KernelKey("merge", "cuda", 6, 6, 40, "float16"),
-              kernels.KernelKey("decode", "llvm", 4, 4, 8, "float32", 1)]
+              kernels.KernelKey("decode", "llvm", 4, 4, 8, "float32", 1),
+              kernels.KernelKey("mla", "cuda", 16, 1, 64, "float16", 4, rope_dim=32)]
     (tmp_path / "manifest.json").write_text(json.dumps(
         {"keys": [k.filename for k in built] + ["not-a-kernel.so"], "failures": {}}))
     assert [kernels.KernelKey.from_filename(k.filename) for k in built] == built
@@ -49,7 +50,8 @@ def test_runtime_only_tvm_claims_exactly_the_decode_kernels_of_its_build(tmp_pat
     monkeypatch.setattr(kernels, "has_compiler", lambda: False)
     base = tvm_backends.TvmCuda.capabilities
     claimed = tvm_backends.claims(base, "cuda")
-    assert claimed.instances == frozenset({(6, 2, 40, 3, "float16")})
+    # an MLA key's instance counts the key's whole width, latent and rope
+    assert claimed.instances == frozenset({(6, 2, 40, 3, "float16"), (16, 1, 96, 4, "float16")})
     assert claimed.features == base.features
     monkeypatch.setattr(kernels, "has_compiler", lambda: True)  # compiles the rest on demand
     assert tvm_backends.claims(base, "cuda").instances is None

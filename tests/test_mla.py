@@ -122,3 +122,46 @@ def test_explore_draws_mla_cases_for_a_backend_that_claims_only_mla(case):
     assert case.kind == "mla" and case.num_kv_heads == 1
     assert case.head_dim == case.kv_lora_rank + case.rope_dim
     assert case.kv_dtype is None and case.query_lens is None and case.soft_cap is None
+
+
+def test_tvm_reads_each_kept_token_of_a_sequence_from_its_merged_latent_page():
+    """TVM's MLA cache (backends/tvm/layout.py): page-list position ``i`` of sequence ``b``
+    holds its ``i``-th kept token, latent then rope; every other slot is NaN."""
+    from backends.tvm.layout import page_list_positions, tvm_layout
+
+    for fields in ({}, {"context_lens": [13, 0, 3], "window": 4, "sinks": 2}):
+        problem = materialise(mla_case(**fields))
+        kv = tvm_layout(problem)
+        assert kv.pages.shape[1:] == (problem.page_size, 24)
+        kept = 0
+        for b, n in enumerate(problem.context_lens):
+            tokens, positions, _, _ = page_list_positions(int(n), problem.window, problem.sinks,
+                                                          problem.page_size)
+            mine = kv.page_values[kv.page_indptr[b]:kv.page_indptr[b + 1]]
+            stored = kv.pages[mine[positions // problem.page_size],
+                              positions % problem.page_size]
+            source = problem.k_pages[problem.block_table[b, tokens // problem.page_size],
+                                     tokens % problem.page_size, 0]
+            np.testing.assert_array_equal(stored, source)
+            kept += len(tokens)
+        assert np.isfinite(kv.pages).all(axis=-1).sum() == kept
+
+
+def test_tvm_builds_its_mla_kernel_for_every_page_size_a_case_needs():
+    """The keys of an MLA case: TVM's MLA kernel at its page size and twice it, with and
+    without the window, and the merge at the latent's width; no GQA decode."""
+    from backends.tvm import kernels
+
+    case = mla_case(window=4, sinks=1)
+    keys = kernels.keys_for_case(case, "cuda")
+    assert {(k.kernel, k.page_size, k.sliding_window) for k in keys} == {
+        ("mla", 4, True), ("mla", 4, False), ("mla", 8, True), ("mla", 8, False),
+        ("merge", 0, False)}
+    for key in keys:
+        assert kernels.KernelKey.from_filename(key.filename) == key
+        assert key.head_dim == 16 and key.rope_dim == (8 if key.kernel == "mla" else 0)
+    pytest.importorskip("tvm", reason="apache-tvm is not installed (the tvm extra)")
+    if not kernels.has_compiler():
+        pytest.skip("this tvm has no compiler library")
+    mla = kernels.KernelKey.for_case(case, "cuda")
+    assert "mla_sliding_window" in kernels.cuda_sources(kernels.compile_kernel(mla))[0]

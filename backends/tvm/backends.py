@@ -45,8 +45,7 @@ def aot_only(target: str) -> set[kernels.KernelKey] | None:
 def claims(base: Capabilities, target: str) -> Capabilities:
     """Runtime-only TVM claims exactly the kernel instances its ahead-of-time build holds."""
     keys = aot_only(target)
-    instances = frozenset((k.num_qo_heads, k.num_kv_heads, k.head_dim, k.page_size, k.dtype)
-                          for k in keys or () if k.kernel == "decode")
+    instances = frozenset(k.instance for k in keys or () if k.kernel in ("decode", "mla"))
     return replace(base, instances=instances) if instances else base
 
 
@@ -77,9 +76,7 @@ class TvmBackend(Backend):
         reason = super().unsupported_reason(case)
         if reason or not self.built:
             return reason
-        key = kernels.KernelKey("decode", self.target, case.num_qo_heads, case.num_kv_heads,
-                                case.head_dim, case.dtype, case.page_size,
-                                case.window is not None)
+        key = kernels.KernelKey.for_case(case, self.target)
         return None if key in self.built else f"{key.filename} is not in the ahead-of-time build"
 
     def notes(self) -> list[str]:
@@ -95,22 +92,36 @@ class TvmBackend(Backend):
         kernel for one query token per sequence, for several the causal prefill kernel or,
         with a draft mask, the tree kernel."""
         kv = tvm_layout(problem)
-        kind = "decode" if problem.query_lens is None else \
-            "prefill" if problem.draft_mask is None else "tree"
-        key = kernels.KernelKey(kind, self.target, problem.num_qo_heads, problem.num_kv_heads,
-                                problem.head_dim, dtype_name(problem.dtype), problem.page_size,
-                                kv.sliding_window)
+        if problem.kind == "mla":
+            kind = "mla"
+            key = kernels.KernelKey(kind, self.target, problem.num_qo_heads, 1,
+                                    problem.head_dim_v, dtype_name(problem.dtype),
+                                    problem.page_size, kv.sliding_window,
+                                    problem.head_dim - problem.head_dim_v)
+        else:
+            kind = "decode" if problem.query_lens is None else \
+                "prefill" if problem.draft_mask is None else "tree"
+            key = kernels.KernelKey(kind, self.target, problem.num_qo_heads,
+                                    problem.num_kv_heads, problem.head_dim,
+                                    dtype_name(problem.dtype), problem.page_size,
+                                    kv.sliding_window)
         function = self.cache.get(key)
         zeros = np.zeros(problem.batch, dtype=np.int32)
         out_t, lse_t = self.tensor(out), self.tensor(lse)
         pages = [self.tensor(kv.pages), self.tensor(kv.page_indptr), self.tensor(kv.page_values),
-                 self.tensor(kv.length_info), self.tensor(zeros)]
+                 self.tensor(kv.length_info)]
         rope = [0, 1.0, 1e4, float(problem.sm_scale)]  # no RoPE: mode 0, scale, theta
-        if kind == "decode":
-            args = [self.tensor(problem.q), *pages, self.tensor(zeros), out_t, lse_t, *rope]
+        if kind == "mla":  # q (tokens, heads, latent + rope), one token per sequence, no mask
+            q_indptr = np.arange(problem.batch + 1, dtype=np.int32)
+            args = [self.tensor(problem.q), self.tensor(q_indptr), *pages, out_t, lse_t, 0,
+                    float(problem.sm_scale)]
+        elif kind == "decode":
+            args = [self.tensor(problem.q), *pages, self.tensor(zeros), self.tensor(zeros),
+                    out_t, lse_t, *rope]
         else:  # q_indptr after q, q_rope_position per token
             queries = [self.tensor(problem.q), self.tensor(problem.query_start), *pages,
-                       self.tensor(np.zeros(problem.tokens, dtype=np.int32)), out_t, lse_t]
+                       self.tensor(zeros), self.tensor(np.zeros(problem.tokens, dtype=np.int32)),
+                       out_t, lse_t]
             args = [*queries, 1, *rope] if kind == "prefill" else [
                 *queries, *rope, self.tensor(problem.query_start),
                 self.tensor(tree_order(problem))]
@@ -203,12 +214,14 @@ class TvmCpu(TvmBackend):
 class TvmCuda(TvmBackend):
     name = "tvm-cuda"
     description = ("TVM 0.27 _attention_decode and _merge_state_inplace, CUDA sm_90, from the "
-                   "installed apache-tvm or an ahead-of-time build")
+                   "installed apache-tvm or an ahead-of-time build; _attention_prefill_mla (one "
+                   "query token: a decode) for MLA, which has no CPU variant")
     target = "cuda"
     capturable = False  # TVM launches on the legacy default stream: no CUDA-graph capture
     # from an ahead-of-time build alone (no compiler), only the shapes it holds are claimed
     capabilities = claims(Capabilities(features=frozenset({"lse", "merge", "sliding_window",
-                                                           "sinks"}), devices=("cuda",)), target)
+                                                           "sinks"}), devices=("cuda",),
+                                       kinds=frozenset({"gqa", "mla"})), target)
 
     @classmethod
     def availability(cls) -> str | None:

@@ -1,6 +1,7 @@
 """TVM's decode and merge kernels, compiled once per key, or loaded from an ahead-of-time build.
 
-A key is (kernel, target, qo heads, kv heads, head dim, dtype, page size, sliding window):
+A key is (kernel, target, qo heads, kv heads, head dim, dtype, page size, sliding window,
+and for MLA the rotary width):
 each is compiled at most once per process. ``build`` exports every key a profile needs into
 a directory; a machine with only TVM's runtime (no ``libtvm_compiler.so``) then loads them
 from there. CUDA libraries hold CUDA source that TVM compiles when they are loaded; the
@@ -19,7 +20,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 CUDA_ARCH = "sm_90"
@@ -29,33 +30,52 @@ AOT_ENV_NAME = "CONFORMANCE_TVM_AOT"
 @dataclass(frozen=True)
 class KernelKey:
     kernel: str  # "decode", "prefill" (several query tokens, causal), "tree" (a draft tree;
-    # the CPU kernel reads pages of 16 only) or "merge"
+    # the CPU kernel reads pages of 16 only), "mla" (CUDA only) or "merge"
     target: str  # "llvm" or "cuda"
     num_qo_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # for MLA the latent's width (kv_lora_rank), the value's and the output's
     dtype: str
     page_size: int = 0
     sliding_window: bool = False
+    rope_dim: int = 0  # MLA: the rotary key part after the latent
 
     @property
     def filename(self) -> str:
         return (f"{self.kernel}-{self.target}-q{self.num_qo_heads}kv{self.num_kv_heads}"
-                f"-d{self.head_dim}-{self.dtype}-ps{self.page_size}"
-                f"{'-sw' if self.sliding_window else ''}.so")
+                f"-d{self.head_dim}{f'-r{self.rope_dim}' if self.rope_dim else ''}"
+                f"-{self.dtype}-ps{self.page_size}{'-sw' if self.sliding_window else ''}.so")
 
     @classmethod
     def from_filename(cls, filename: str) -> KernelKey | None:
         match = _FILENAME.fullmatch(filename)
         if match is None:
             return None
-        kernel, target, qo, kv, head_dim, dtype, page_size, sliding = match.groups()
+        kernel, target, qo, kv, head_dim, rope, dtype, page_size, sliding = match.groups()
         return cls(kernel, target, int(qo), int(kv), int(head_dim), dtype, int(page_size),
-                   bool(sliding))
+                   bool(sliding), int(rope or 0))
+
+    @property
+    def instance(self) -> tuple[int, int, int, int, str]:
+        """The (qo heads, kv heads, head_dim, page size, dtype) a case of this key has."""
+        return (self.num_qo_heads, self.num_kv_heads, self.head_dim + self.rope_dim,
+                self.page_size, self.dtype)
+
+    @classmethod
+    def for_case(cls, case, target: str) -> KernelKey:
+        """The kernel that decodes ``case`` (one query token or several, GQA or MLA)."""
+        sliding = case.window is not None
+        if case.kind == "mla":
+            return cls("mla", target, case.num_qo_heads, 1, case.kv_lora_rank, case.dtype,
+                       case.page_size, sliding, case.rope_dim)
+        kind = "decode" if case.query_lens is None else \
+            "prefill" if case.mask == "causal" else "tree"
+        return cls(kind, target, case.num_qo_heads, case.num_kv_heads, case.head_dim,
+                   case.dtype, case.page_size, sliding and kind == "decode")
 
 
-_FILENAME = re.compile(r"(decode|prefill|tree|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)-(\w+)-ps(\d+)"
-                       r"(-sw)?\.so")
+_FILENAME = re.compile(r"(decode|prefill|tree|mla|merge)-(llvm|cuda)-q(\d+)kv(\d+)-d(\d+)"
+                       r"(?:-r(\d+))?-(\w+)-ps(\d+)(-sw)?\.so")
 
 
 def built_keys(aot_dir: Path) -> set[KernelKey]:
@@ -115,6 +135,12 @@ def prim_func(key: KernelKey):
         return _prefill_kernels._attention_prefill(
             key.num_kv_heads, key.num_qo_heads, key.head_dim, key.dtype, False, {}, target,
             key.page_size)
+    if key.kernel == "mla":  # one query token is a decode; no CPU variant exists
+        if key.target == "llvm":
+            raise ValueError("TVM 0.27 has no CPU MLA kernel (_attention_prefill_mla is CUDA)")
+        return _prefill_kernels._attention_prefill_mla(
+            key.num_qo_heads, key.head_dim, key.rope_dim, key.dtype, key.sliding_window, target,
+            key.page_size)
     if key.kernel == "decode":
         if key.target == "llvm":
             return kernels._attention_decode_cpu(
@@ -135,7 +161,10 @@ def entry_name(key: KernelKey) -> str:
         return "batch_prefill_paged_kv_cpu" if key.target == "llvm" else "batch_prefill_paged_kv"
     if key.kernel == "tree":
         return "tree_attn_paged_kv_cpu" if key.target == "llvm" else "tree_attn_paged_kv"
-    name = "batch_decode_paged_kv_cpu" if key.target == "llvm" else "batch_decode_paged_kv"
+    if key.kernel == "mla":
+        name = "batch_prefill_paged_kv_mla"
+    else:
+        name = "batch_decode_paged_kv_cpu" if key.target == "llvm" else "batch_decode_paged_kv"
     return name + ("_sliding_window" if key.sliding_window else "")
 
 
@@ -272,6 +301,13 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
     the case has one (the shape serves every case of its instance)."""
     keys = set()
     windows = {case.window is not None or any_window, False}
+    merge = KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim_v,
+                      case.dtype)
+    if case.kind == "mla":  # one latent head: no GQA-as-MHA
+        key = KernelKey.for_case(case, target)
+        return {merge} | {replace(key, sliding_window=sliding, page_size=page_size)
+                          for sliding in windows
+                          for page_size in (case.page_size, case.page_size * 2)}
     for sliding in windows:
         for kv_heads in {case.num_kv_heads, case.num_qo_heads}:
             for page_size in (case.page_size, case.page_size * 2):
@@ -281,8 +317,7 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
                     keys.add(KernelKey("prefill" if case.mask == "causal" else "tree", target,
                                        case.num_qo_heads, kv_heads, case.head_dim, case.dtype,
                                        page_size))
-    keys.add(KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim,
-                       case.dtype))
+    keys.add(merge)
     return keys
 
 

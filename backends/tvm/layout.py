@@ -19,6 +19,9 @@ What TVM's decode kernels read, as TVM 0.27's runtime lays it out:
   ``i`` of its ``window + sinks`` kept tokens at page-list position ``i`` if ``i < sink_size``
   else ``i - sink_size + offset``.
 - No RoPE: ``rotary_mode`` 0, so ``k_rope_pos_offset`` and ``q_rope_position`` are unused.
+- MLA (``_attention_prefill_mla``): one merged page ``(num_pages, page_size, d_latent +
+  d_rope)`` per token, the latent first: the value is the key's first ``d_latent``
+  entries, as in the canonical problem; page table and ``length_info`` as above.
 
 Slots no kept token occupies (tails of last pages, the evicted gap between sinks and window,
 spare pages) are NaN, as in the canonical problem, so a stray read shows.
@@ -74,8 +77,10 @@ def tvm_layout(problem: Problem, seed: int = 0) -> TvmPagedKV:
     total = sum(r[2] for r in rows)
     pool = total + 2
     physical = np.random.default_rng(seed).permutation(pool)[:total].astype(np.int32)
-    pages = np.full((pool, 2, problem.num_kv_heads, page_size, problem.head_dim), np.nan,
-                    dtype=problem.dtype)
+    mla = problem.kind == "mla"
+    shape = (pool, page_size, problem.head_dim) if mla else (
+        pool, 2, problem.num_kv_heads, page_size, problem.head_dim)
+    pages = np.full(shape, np.nan, dtype=problem.dtype)
     indptr = np.zeros(problem.batch + 1, dtype=np.int32)
     info = np.zeros((3, problem.batch), dtype=np.int32)
     used = 0
@@ -88,6 +93,9 @@ def tvm_layout(problem: Problem, seed: int = 0) -> TvmPagedKV:
         source_slots = tokens % page_size
         target_pages = mine[positions // page_size]
         target_slots = positions % page_size
+        if mla:  # (tokens, 1, latent + rope) -> pages[page, slot, latent + rope]
+            pages[target_pages, target_slots] = problem.k_pages[source_pages, source_slots, 0]
+            continue
         # (tokens, kv_heads, dim) -> pages[page, 0 or 1, head, slot, dim]
         pages[target_pages, 0, :, target_slots] = problem.k_pages[source_pages, source_slots]
         pages[target_pages, 1, :, target_slots] = problem.v_pages[source_pages, source_slots]
