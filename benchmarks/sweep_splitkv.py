@@ -25,12 +25,11 @@ from backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
         "waves": [1, 2, 4]}
-# fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes,
-# converted by cvt; 3 and 4 the same converted by moving bits
+# fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes
 GRID_MLA = {"BLOCK_H": [16, 32, 64], "BLOCK_N": [16, 32], "num_warps": [4, 8],
             "num_stages": [2], "waves": [2]}
-GRID_FP8 = {"BLOCK_N": [128], "num_warps": [4], "num_stages": [3], "waves": [2, 4],
-            "fp8_words": [1, 2, 3, 4]}
+GRID_FP8 = {"BLOCK_N": [128], "num_warps": [4], "num_stages": [2, 3, 4], "waves": [2, 4],
+            "fp8_words": [0, 1, 2]}
 
 
 def main() -> None:

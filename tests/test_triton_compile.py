@@ -51,7 +51,6 @@ config = splitkv_kernel.tile_config(head_dim, kv != "same", rows)
 flags = dict(KV_SCALE=kv_scale, Q_SCALED=q8 != "none")
 # fp8 tiles as words of four codes where the adapter's launch reads them so (fp8_words)
 words = config["fp8_words"] if dtype == "float16" and kv_scale == 1 else 0
-words = int(sys.argv[11]) if len(sys.argv) > 11 else words  # another way of reading them
 modifiers = dict(HAS_CAP=mods, HAS_ALIBI=mods)
 build(splitkv_kernel._splitkv_partial_kernel,
       {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
@@ -114,21 +113,12 @@ print("compiled")
 ])
 def test_kernels_compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods,
                                   drafts, mask):
-    compile_for_sm90(dtype, head_dim, group, window, kv, kv_scale, q8, mods, drafts, mask)
-
-
-@pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e5m2"])
-@pytest.mark.parametrize("words", [3, 4])
-def test_fp8_words_converted_by_moving_bits_compile_for_sm90(kv, words):
-    """The inline PTX of the bit-moving fp8 conversion (V, or K and V) assembles."""
-    compile_for_sm90("float16", 128, 4, "0", kv, 1, "none", "0", 1, "0", str(words))
-
-
-def compile_for_sm90(*argv) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    result = subprocess.run([sys.executable, "-c", COMPILE, *map(str, argv)], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", COMPILE, dtype, str(head_dim), str(group),
+                             window, kv, str(kv_scale), q8, mods, str(drafts), mask],
+                            cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]
 
 

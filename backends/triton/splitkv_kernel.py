@@ -21,10 +21,7 @@ into the scores.
 Compiled, a float16 dot reads fp8 tiles as 32-bit words of four codes converted in registers
 (``FP8_WORDS``): loaded as fp8, the V tile went from shared memory into the ``tl.dot``
 operand layout one byte per instruction (sm_90 has no transposing ``ldmatrix`` for 8-bit
-data), 128 shared loads per thread per tile where a float16 tile takes 16. The words are
-converted by ``cvt.rn.f16x2`` or by moving bits (``WORDS_*_BITS``): an e5m2 code is the
-high byte of the float16 of the same value, an e4m3 code's bits moved into a float16 are
-its value times 2^-8 (subnormals too), which the folded scales undo; both exact.
+data), 128 shared loads per thread per tile where a float16 tile takes 16.
 """
 
 from __future__ import annotations
@@ -50,12 +47,8 @@ LOG2E_TL = tl.constexpr(LOG2E)
 # KV_SCALE: how the pages are read (host values; the kernels compare with the constexprs)
 UNSCALED, SCALE_PER_PROGRAM, SCALE_PER_TOKEN = 0, 1, 2
 PER_PROGRAM, PER_TOKEN = tl.constexpr(SCALE_PER_PROGRAM), tl.constexpr(SCALE_PER_TOKEN)
-# FP8_WORDS: which per-program-scaled fp8 tiles are read as words, converted by cvt or by
-# moving bits (host values, as above)
-WORDS_NONE, WORDS_V, WORDS_KV, WORDS_V_BITS, WORDS_KV_BITS = 0, 1, 2, 3, 4
-KV_CVT, V_BITS, KV_BITS = (tl.constexpr(WORDS_KV), tl.constexpr(WORDS_V_BITS),
-                           tl.constexpr(WORDS_KV_BITS))
-E4M3_BITS_SCALE = tl.constexpr(256.0)  # an e4m3 code's bits in a float16 are its value / 2^8
+# FP8_WORDS: which per-program-scaled fp8 tiles are read as words (host values, as above)
+WORDS_NONE, WORDS_V, WORDS_KV = 0, 1, 2
 
 
 @triton.jit
@@ -101,10 +94,6 @@ def _splitkv_partial_kernel(
         score_scale = score_scale * tl.load(q_scale)
     if KV_SCALE == PER_PROGRAM:
         score_scale = score_scale * tl.load(k_scale + kv_head * scale_stride)
-    K_WORDS: tl.constexpr = FP8_WORDS == KV_CVT or FP8_WORDS == KV_BITS
-    BIT_MOVES: tl.constexpr = FP8_WORDS >= V_BITS
-    if K_WORDS and BIT_MOVES and not E5M2:
-        score_scale = score_scale * E4M3_BITS_SCALE
 
     slopes = tl.zeros([ROWS], tl.float32)
     if HAS_ALIBI:
@@ -119,8 +108,8 @@ def _splitkv_partial_kernel(
         token = slot * NUM_KV_HEADS + kv_head
         kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
-        if K_WORDS:
-            keys = read_words(k_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2, BIT_MOVES)
+        if FP8_WORDS >= 2:
+            keys = read_words(k_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
         else:
             keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
                            DOT_DTYPE)
@@ -135,7 +124,7 @@ def _splitkv_partial_kernel(
         scores = tl.where(seen, scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
         if FP8_WORDS >= 1:
-            values = read_words(v_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2, BIT_MOVES)
+            values = read_words(v_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
         else:
             values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
                              DOT_DTYPE)
@@ -143,8 +132,6 @@ def _splitkv_partial_kernel(
                                             input_precision=DOT_PRECISION)
     if KV_SCALE == PER_PROGRAM:
         acc = acc * tl.load(v_scale + kv_head * scale_stride)
-    if BIT_MOVES and not E5M2:
-        acc = acc * E4M3_BITS_SCALE
 
     state = (query_row * NUM_KV_HEADS * GROUP + heads).to(tl.int64) * num_splits + split
     tl.store(part_m + state, m, mask=row_mask)
@@ -176,30 +163,14 @@ def row_sees(position, query_position, query_row, first_draft, row_mask, valid, 
 
 @triton.jit
 def read_words(pages, token, valid, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-               E5M2: tl.constexpr, BIT_MOVES: tl.constexpr):
+               E5M2: tl.constexpr):
     """A ``(tokens, HEAD_DIM)`` float16 tile of fp8 codes, loaded as 32-bit words of four
-    codes and converted in registers (``cvt.rn.f16x2``, or by moving bits: e4m3 values then
-    come out 2^-8 times theirs), so that the float16 tile, not the codes, goes through
-    shared memory into the ``tl.dot`` operand."""
+    codes and converted in registers (``cvt.rn.f16x2``: exact), so that the float16 tile,
+    not the codes, goes through shared memory into the ``tl.dot`` operand."""
     w = tl.arange(0, HEAD_DIM // 4)
     words = tl.load(pages.to(tl.pointer_type(tl.int32)) + token[:, None] * (HEAD_DIM // 4)
                     + w[None, :], mask=valid[:, None], other=0)
-    if BIT_MOVES and E5M2:  # each code becomes the high byte of its half
-        a, b, c, d = tl.inline_asm_elementwise(
-            "{ .reg .b32 z, x, y; mov.b32 z, 0; prmt.b32 x, $4, z, 0x1404; "
-            "prmt.b32 y, $4, z, 0x3424; mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; }",
-            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1)
-    elif BIT_MOVES:  # sign to bit 15, exponent and mantissa to bits 13..7
-        a, b, c, d = tl.inline_asm_elementwise(
-            "{ .reg .b32 z, x, y, s, t; mov.b32 z, 0; prmt.b32 x, $4, z, 0x1404; "
-            "prmt.b32 y, $4, z, 0x3424; shr.b32 s, x, 1; shr.b32 t, y, 1; "
-            "and.b32 s, s, 0x3F803F80; and.b32 t, t, 0x3F803F80; "
-            "and.b32 x, x, 0x80008000; and.b32 y, y, 0x80008000; "
-            "or.b32 x, x, s; or.b32 y, y, t; mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; }",
-            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1)
-    elif E5M2:
+    if E5M2:
         a, b, c, d = tl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; .reg .b32 x, y; mov.b32 {lo, hi}, $4; "
             "cvt.rn.f16x2.e5m2x2 x, lo; cvt.rn.f16x2.e5m2x2 y, hi; "
