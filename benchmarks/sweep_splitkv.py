@@ -49,7 +49,8 @@ def main() -> None:
     from backends.triton.splitkv_kernel import splitkv_decode, tile_config
     from backends.triton.validation import Scales
     from conformance.bench import copy_bandwidth, select_shapes, time_cuda
-    from conformance.problem import materialise, poisoned_outputs
+    from conformance.materialise import materialise
+    from conformance.problem import poisoned_outputs
 
     copy_rate = copy_bandwidth()
     rows = []

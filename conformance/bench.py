@@ -24,7 +24,8 @@ import numpy as np
 
 from backends.base import Backend
 from conformance.dtypes import FP8_DTYPES, SHORT_NAMES, numpy_dtype
-from conformance.problem import materialise, poisoned_outputs
+from conformance.materialise import materialise
+from conformance.problem import poisoned_outputs
 from conformance.spec import Case
 from conformance.worker import ContractError
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from backends.base import Capabilities
-from conformance.problem import materialise
+from conformance.materialise import materialise
 from conformance.spec import Case, SpecError, parse_spec
 from conformance.strategies import cases
 from conformance.wire import pack_message, unpack_message

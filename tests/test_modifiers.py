@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from backends.base import Capabilities, Conventions
-from conformance.problem import logical_kv, materialise
+from conformance.materialise import logical_kv, materialise
 from conformance.runner import RunSettings, open_backend, run, select_cases
 from conformance.spec import SpecError, default_spec, parse_spec
 from references import alibi_slopes, apply_sink, decode_reference, merge_reference

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conformance.checks.trial import reference_of
-from conformance.problem import POISONS, logical_kv, materialise, poisoned_outputs
+from conformance.materialise import logical_kv, materialise
+from conformance.problem import POISONS, poisoned_outputs
 from conformance.spec import Case, default_spec
 from references import kept_tokens
 

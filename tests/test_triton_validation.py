@@ -19,7 +19,7 @@ from backends.triton.merge_kernel import merge_states  # noqa: E402
 from backends.triton.mla_kernel import mla_decode  # noqa: E402
 from backends.triton.paged_kernel import paged_decode  # noqa: E402
 from backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
-from conformance.problem import materialise  # noqa: E402
+from conformance.materialise import materialise  # noqa: E402
 from conformance.spec import Case  # noqa: E402
 
 CASE = Case(family="t", num_qo_heads=4, num_kv_heads=2, head_dim=16, page_size=4,

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.problem import materialise
+from conformance.materialise import materialise
 from conformance.wire import (
     HEADER,
     WireError,

@@ -21,7 +21,8 @@ from conformance.checks.trial import (
     seed,
     unsupported,
 )
-from conformance.problem import LogicalKV, Problem, canonical_layout_seed
+from conformance.materialise import LogicalKV, canonical_layout_seed
+from conformance.problem import Problem
 from conformance.spec import with_changes
 from conformance.status import Status
 from references import kept_tokens

@@ -15,7 +15,8 @@ from conformance.checks.trial import (
     unsupported,
 )
 from conformance.dtypes import numpy_dtype
-from conformance.problem import POISONS, materialise
+from conformance.materialise import materialise
+from conformance.problem import POISONS
 from conformance.status import Status
 from conformance.tolerances import ROUNDING_SAMPLE, ROUNDING_SHARE, Budget, output_error
 

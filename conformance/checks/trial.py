@@ -19,14 +19,8 @@ import numpy as np
 
 from backends.base import AttentionState
 from conformance.dtypes import numpy_dtype
-from conformance.problem import (
-    POISONS,
-    LogicalKV,
-    Problem,
-    logical_kv,
-    materialise,
-    poisoned_outputs,
-)
+from conformance.materialise import LogicalKV, logical_kv, materialise
+from conformance.problem import POISONS, Problem, poisoned_outputs
 from conformance.sandbox import BackendHandle, ContractError, describe_exception
 from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
 from conformance.status import Status
