@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from conformance.case import KINDS
 from conformance.dtypes import DTYPES, FP8_DTYPES, SCALE_MODES
-from conformance.spec import KINDS
 
 if TYPE_CHECKING:
     from conformance.problem import Problem

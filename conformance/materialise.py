@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements drawn
 from conformance.dtypes import dtype_name, numpy_dtype, quantize
 from conformance.problem import Problem
-from conformance.spec import GARBAGE_CHUNK, Case  # at most this many garbage elements drawn
+from conformance.spec import Case
 from conformance.variants import (
     SPREAD,
     Quantization,
