@@ -21,11 +21,11 @@ from conformance.sandbox import (
     Captured,
     InProcessBackend,
     IsolatedBackend,
-    Probe,
     describe_exception,
 )
 from conformance.spec import Case, Spec, SpecError, default_spec, load_spec
 from conformance.status import FAILING, Status
+from conformance.worker_process import Probe
 
 DEFAULT_CASE_TIMEOUT = 300.0  # seconds; 0 disables
 MAX_SECONDS = 1_000_000  # the longest timeout taken (11.6 days): past it no wait is meant

@@ -15,17 +15,6 @@ gets a fresh worker; after an error that lost the device, the next call does.
 from __future__ import annotations
 
 import copy
-import fcntl
-import os
-import secrets
-import select
-import signal
-import socket
-import struct
-import subprocess
-import sys
-import termios
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from backends.base import AttentionState, Backend, Capabilities, Conventions
-from backends.registry import UnknownBackendError
 from conformance.declared import Declared
 from conformance.interrupts import interrupted, noting_interrupts
 from conformance.problem import Problem
@@ -41,10 +29,6 @@ from conformance.wire import (
     PeerGoneError,
     Segment,
     WireError,
-    decode_reply,
-    pack_message,
-    receive_frame,
-    send_frame,
 )
 from conformance.worker import (
     CALLS,
@@ -54,8 +38,7 @@ from conformance.worker import (
     describe_exception,
     device_lost,
 )
-
-OUTPUT_TAIL = 4096  # bytes of a case's captured output kept for the report
+from conformance.worker_process import OUTPUT_TAIL, Worker
 
 
 def check_merged(backend_name: str, a: AttentionState, out: np.ndarray,
@@ -256,123 +239,6 @@ class InProcessBackend(BackendHandle):
             return [str(exc)]
 
 
-class Worker:
-    """One worker process: started, asked, and ended with everything it started.
-
-    It runs in a session (and process group) of its own, so that a Ctrl-C reaches the harness
-    only and so that ending it ends the helpers it forked too. Its death is read from its exit
-    status (a pidfd wakes the wait), never from the end of a pipe a forked child may hold."""
-
-    def __init__(self) -> None:
-        parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "conformance.worker", str(child.fileno())],
-            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        child.close()
-        self.sock = parent
-        try:
-            self.pidfd: int | None = os.pidfd_open(self.process.pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
-        self.output = _OutputReader(self.process.stdout)
-        self.number = 0  # the last request's: its reply must carry it
-
-    def send(self, message: Any, deadline: float | None) -> Segment:
-        """Send a request; its arrays go in a shared segment the harness keeps. An OSError
-        means the worker is gone (its exit status says more) or stopped reading."""
-        self.number = secrets.randbits(62)  # unguessable: a forged reply cannot match it
-        payload, segment = pack_message((self.number, message))
-        try:
-            self.sock.settimeout(None if deadline is None
-                                 else max(0.001, deadline - time.monotonic()))
-            send_frame(self.sock, payload, (segment.fd,))
-        finally:
-            segment.close_fd()
-            self.sock.settimeout(None)
-        return segment
-
-    def receive(self, deadline: float | None) -> list | None:
-        """The reply to the last request, as [kind, value, lost]; None past the deadline.
-
-        Frames of other numbers (a backend that wrote to the channel itself) are dropped.
-        ``PeerGoneError``: the worker ended; ``WireError``: it broke the protocol."""
-        while True:
-            frame = receive_frame(self.sock, deadline, self.exited, self.pidfd)
-            if frame is None:
-                return None
-            try:
-                reply = decode_reply(frame)
-            except WireError as exc:
-                raise WireError(f"a reply that is not data: {exc}") from None
-            if not (isinstance(reply, list) and len(reply) == 4 and isinstance(reply[0], int)
-                    and reply[1] in ("ok", "contract", "unavailable", "raised")):
-                raise WireError(f"a reply that is not [number, kind, value, lost]: "
-                                f"{str(reply)[:120]}")
-            if reply[0] == self.number:
-                return reply[1:]
-
-    def wrote_unasked(self) -> bool:
-        """Whether bytes wait on the channel before a request: the worker wrote on its own."""
-        return bool(select.select([self.sock], [], [], 0)[0])
-
-    def exited(self) -> bool:
-        """Whether the worker has ended, looked at without reaping it (its process group id
-        stays reserved until it is reaped, so ending the group then cannot hit another)."""
-        try:
-            return os.waitid(os.P_PID, self.process.pid,
-                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
-
-    def exit_status(self, wait: float) -> int:
-        """Its exit status, waiting up to ``wait`` seconds before killing it."""
-        deadline = time.monotonic() + wait
-        while not self.exited() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.end()
-        return self.process.returncode
-
-    def end(self) -> None:
-        """Kill the worker and every process of its group, then reap it."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.process.wait()
-        self.output.join()
-        self.sock.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-    def close(self, wait: float = 5.0) -> None:
-        """Ask the worker to end, give it ``wait`` seconds, then end what is left."""
-        try:
-            self.sock.settimeout(wait)
-            send_frame(self.sock, pack_message(None)[0])  # the worker's cue to end
-        except OSError:
-            pass
-        self.exit_status(wait)
-
-    def death(self, what: str) -> str:
-        """Why the worker ended, from its exit status and its last output."""
-        code = self.exit_status(10.0)
-        if code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-            if code == -signal.SIGKILL:
-                how += " (out of memory, or killed from outside)"
-        else:
-            how = f"exited with status {code}"
-        last = self.output.last_lines()
-        return f"the worker process {how} during {what}" + (f"; its last output: {last}"
-                                                            if last else "")
-
-
 class IsolatedBackend(BackendHandle):
     """The backend in a worker process of its own, started on first use and after a fault."""
 
@@ -518,108 +384,3 @@ class IsolatedBackend(BackendHandle):
         self.fault = self.fault or why
         self._stop()
         raise BackendError(why)
-
-
-class Probe:
-    """Loading a backend in a worker of its own: started at once, read with ``result``, so
-    that several backends load side by side (each importing torch, say, takes seconds).
-
-    A backend that fails to import is refused (``UnknownBackendError``, a one-line error); one
-    whose import or availability check kills or hangs its worker is unavailable, with why."""
-
-    def __init__(self, target: str, timeout: float | None):
-        self.target, self.timeout = target, timeout
-        self.deadline = time.monotonic() + timeout if timeout else None
-        self.worker = Worker()
-        self.sent: OSError | None = None
-        try:
-            self.worker.send(("describe", target), self.deadline)
-        except OSError as exc:
-            self.sent = exc
-
-    def result(self) -> Declared:
-        worker, target = self.worker, self.target
-        try:
-            if self.sent is not None:
-                raise self.sent
-            reply = worker.receive(self.deadline)
-        except (OSError, PeerGoneError):
-            return Declared.unloadable(target, "loading it: " + worker.death("loading the "
-                                                                            "backend"))
-        except WireError as exc:
-            worker.end()
-            return Declared.unloadable(target, f"loading it broke the protocol: {exc}")
-        if reply is None:
-            worker.end()
-            return Declared.unloadable(target, f"loading it timed out after {self.timeout:g} s "
-                                               f"(its import or availability check); it was "
-                                               f"killed")
-        worker.close()
-        kind, value, _ = reply
-        if kind != "ok":
-            raise UnknownBackendError(str(value))
-        return Declared.from_data(value, target)
-
-
-class _OutputReader:
-    """Drains a worker's stdout+stderr in a thread, keeping the count and the last bytes."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.lock = threading.Lock()
-        self.total = 0
-        self.tail = b""
-        self.thread = threading.Thread(target=self._drain, daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        """Read what is in the pipe under the lock, so that ``take`` after a reply (the worker
-        flushes before replying) sees every byte of the case it closes."""
-        try:
-            self._read_until_closed(self.stream.fileno())
-        except (OSError, ValueError):  # the pipe was closed under us (a worker's child kept
-            pass                       # it open past the worker's death)
-
-    def _read_until_closed(self, fd: int) -> None:
-        while True:
-            select.select([fd], [], [])
-            with self.lock:
-                waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
-                chunk = os.read(fd, max(waiting, 1) if waiting < 1 << 20 else 1 << 20)
-                if not chunk:
-                    return  # the worker is gone
-                self.total += len(chunk)
-                self.tail = (self.tail + chunk)[-OUTPUT_TAIL:]
-
-    def take(self) -> Captured | None:
-        deadline = time.monotonic() + 2.0
-        while True:  # let the thread drain what the worker wrote before its reply
-            with self.lock:
-                try:
-                    waiting = struct.unpack("i", fcntl.ioctl(
-                        self.stream.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-                except (OSError, ValueError):  # the worker is gone and its pipe closed
-                    waiting = 0
-                if not waiting or time.monotonic() > deadline:
-                    total, tail, self.total, self.tail = self.total, self.tail, 0, b""
-                    break
-            time.sleep(0.001)
-        return Captured(total, tail.decode("utf-8", "replace")) if total else None
-
-    def last_lines(self, count: int = 5) -> str:
-        """The last lines printed; for a fatal signal, Python's line for it and the frame
-        that was running (faulthandler prints that first)."""
-        with self.lock:
-            lines = [line.strip() for line in self.tail.decode("utf-8", "replace").splitlines()
-                     if line.strip()]
-        fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python")), None)
-        if fatal is not None:
-            frame = next((line for line in lines[fatal:] if line.startswith("File ")), "")
-            return " | ".join(line for line in (lines[fatal], frame) if line)
-        return " | ".join(lines[-count:])
-
-    def join(self) -> None:
-        self.thread.join(timeout=5)
-        self.stream.close()
-
-
