@@ -1,39 +1,35 @@
 """``python -m conformance``: list backends and cases, run the suite, search, compare, report.
 
 Each subcommand is a parser built from shared parents (the spec, the worker, parallel runs)
-and a handler set with ``set_defaults``; work that belongs to one subject (bench timing,
-explore, TVM builds) lives in that subject's module.
+and a handler from ``conformance.commands`` set with ``set_defaults``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.registry import UnknownBackendError, known_backends
-from conformance.accuracy import drift_results, load_accuracy, save_accuracy
+from backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES
-from conformance.inputs import check_directory, check_distinct, check_output, read_json
-from conformance.interrupts import protect_reports, stop_on_signals
+from conformance.commands import (
+    handle_backends,
+    handle_compare,
+    handle_expectations,
+    handle_html,
+    handle_list,
+    handle_merge,
+    handle_new_backend,
+    handle_run,
+    handle_summary,
+)
 from conformance.manifest import ManifestError
-from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import (
     DEFAULT_CASE_TIMEOUT,
     MAX_SECONDS,
-    RunSettings,
-    check_families,
-    open_backend,
-    open_backends,
-    run,
-    select_cases,
 )
-from conformance.skeleton import class_name, write_skeleton
-from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError, check_sizes
-from conformance.status import BROKEN
+from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError
 
 
 def _jobs(text: str) -> int:
@@ -126,13 +122,13 @@ def _parser() -> argparse.ArgumentParser:
         made.set_defaults(handler=handler)
         return made
 
-    command("backends", _cmd_backends, "registered backends: availability and capabilities")
+    command("backends", handle_backends, "registered backends: availability and capabilities")
 
-    listing = command("list", _cmd_list, "the case ids of a profile", "spec")
+    listing = command("list", handle_list, "the case ids of a profile", "spec")
     listing.add_argument("-k", dest="patterns", action="append", default=[],
                          help="keep ids containing PATTERN (* and ? are wildcards)")
 
-    running = command("run", _cmd_run, "run the checks; exit 1 on any unexpected failure",
+    running = command("run", handle_run, "run the checks; exit 1 on any unexpected failure",
                       "spec", "worker", "parallel")
     running.add_argument("--backend", action="append", default=[],
                          help="a registered name or module:Class (repeatable); "
@@ -163,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="run share K of N of the cases (balanced by cost); join the "
                               "shards' JSON reports with `merge`")
 
-    merging = command("merge", _cmd_merge, "join the JSON reports of `run --shard K/N` into "
+    merging = command("merge", handle_merge, "join the JSON reports of `run --shard K/N` into "
                       "the report one run would have written")
     merging.add_argument("shards", nargs="+", type=Path, help="the shards' --report-json files")
     merging.add_argument("--report-json", type=Path, help="write the merged JSON report here")
@@ -201,18 +197,18 @@ def _parser() -> argparse.ArgumentParser:
                                 "replayed first next time, and kept while they fail (default: "
                                 "none, nothing is written)")
 
-    drawing = command("html", _cmd_html, "an HTML report with plots from saved JSON reports")
+    drawing = command("html", handle_html, "an HTML report with plots from saved JSON reports")
     drawing.add_argument("--report-json", type=Path, required=True)
     drawing.add_argument("--bench-json", type=Path, help="results of `bench --report-json`")
     drawing.add_argument("--out", type=Path, required=True)
 
-    summarising = command("summary", _cmd_summary, "a Markdown table across backends from "
+    summarising = command("summary", handle_summary, "a Markdown table across backends from "
                           "saved JSON reports")
     summarising.add_argument("reports", nargs="+", metavar="REPORT[=MACHINE][@BACKEND,...]",
                              help="a --report-json file (.json or .json.gz), optionally with "
                                   "the machine to name it by and the backends to take from it")
 
-    comparing = command("compare", _cmd_compare, "two saved reports of the same backends: "
+    comparing = command("compare", handle_compare, "two saved reports of the same backends: "
                         "what newly fails (exit 1), newly passes, grew")
     comparing.add_argument("old", help="the report before (a --report-json file, .json[.gz])")
     comparing.add_argument("new", help="the report after")
@@ -237,231 +233,18 @@ def _parser() -> argparse.ArgumentParser:
                                "`explore` on a machine without TVM's compiler")
     building.add_argument("--seed", type=int, default=0, help="the draw's seed (--explore)")
 
-    expectations = command("expectations", _cmd_expectations, "maintain expectation manifests",
+    expectations = command("expectations", handle_expectations, "maintain expectation manifests",
                            "spec", "worker", "parallel")
     expectations.add_argument("action", choices=["update"],
                               help="update: run the profile and append an entry for each "
                                    "unexpected failure, with a placeholder reason to fill")
     expectations.add_argument("--backend", required=True)
 
-    skeleton = command("new-backend", _cmd_new_backend, "write a skeleton adapter to fill in")
+    skeleton = command("new-backend", handle_new_backend, "write a skeleton adapter to fill in")
     skeleton.add_argument("name", help="backend name, e.g. my-kernel")
     skeleton.add_argument("--out", type=Path, help="file to write (default: NAME.py here)")
     return parser
 
-
-def _cmd_backends(args: argparse.Namespace) -> int:
-    for backend in open_backends(sorted(known_backends())):
-        name = backend.target
-        state = "available" if backend.reason is None else f"unavailable: {backend.reason}"
-        print(f"{name}: {state}")
-        if backend.declared.description:
-            print(f"  {backend.declared.description}")
-        for key, value in backend.capabilities.describe().items():
-            print(f"  {key}: {value}")
-        conventions = backend.declared.conventions.describe()
-        print(f"  conventions: LSE base {conventions['lse_base']}, empty-context LSE "
-              f"{conventions['empty_lse']}")
-    return 0
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    settings = RunSettings(profile=args.profile, spec_path=args.spec)
-    for case in select_cases(settings.spec(), args.profile, args.patterns):
-        print(case.id)
-    return 0
-
-
-def _settings(args: argparse.Namespace, **more) -> RunSettings:
-    return RunSettings(profile=args.profile, spec_path=args.spec, manifest_dir=args.expectations,
-                       isolated=not args.in_process, case_timeout=args.case_timeout, **more)
-
-
-def _loading(args: argparse.Namespace) -> dict:
-    """How backends are loaded: in a worker within the case timeout, or here to debug."""
-    return {"isolated": not args.in_process, "load_timeout": args.case_timeout or None}
-
-
-def _check_run_inputs(args: argparse.Namespace) -> None:
-    """Every path option, before anything runs: a typo costs a second, not a whole run."""
-    if getattr(args, "expectations", None) is not None:
-        check_directory(args.expectations, "--expectations")
-    for option in REPORT_OPTIONS:
-        if getattr(args, option, None) is not None:
-            check_output(getattr(args, option), "--" + option.replace("_", "-"))
-    check_distinct({"--" + option.replace("_", "-"): getattr(args, option, None)
-                    for option in REPORT_OPTIONS})
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    _check_run_inputs(args)
-    settings = _settings(args, families=check_families(args.check or CHECK_FAMILIES),
-                         filtered=bool(args.patterns or args.case or args.check),
-                         allow_empty=args.allow_empty)
-    cases = select_cases(settings.spec(), args.profile, args.patterns, args.case)
-    if not cases:
-        print("error: no case matches the selection", file=sys.stderr)
-        return 2
-    if args.shard:
-        from conformance.shards import parse_shard, shard_cases
-
-        settings.shard = parse_shard(args.shard)
-        if settings.shard[1] > len(cases):
-            raise SpecError(f"--shard {args.shard!r}: {settings.shard[1]} shards of "
-                            f"{len(cases)} selected cases; at most one shard per case")
-        cases = shard_cases(cases, settings.shard)
-    check_sizes(cases, args.max_case_mib)
-    baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
-                if args.compare_accuracy else None)
-    if args.backend:
-        backends = open_backends(args.backend, args.expectations, **_loading(args))
-        unavailable = [b for b in backends if b.reason]
-        for backend in unavailable:
-            print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
-                  file=sys.stderr)
-        if unavailable:
-            return 2
-    else:
-        backends = open_backends(sorted(known_backends()), args.expectations, **_loading(args))
-        for backend in backends:
-            if backend.reason:
-                print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
-        backends = [b for b in backends if b.reason is None]
-    started = time.monotonic()
-    stop_on_signals()
-    report = run(backends, cases, settings, Progress(), jobs=_job_count(args.jobs))
-    protect_reports()
-    if baseline is not None:
-        report.results.extend(drift_results(report, baseline, args.drift_factor))
-    report.strict_manifest = args.strict_manifest
-    write_terminal(report, sys.stdout)
-    print(f"\n{time.monotonic() - started:.1f}s for {len(backends)} backend(s): "
-          f"{', '.join(b.label for b in backends)}")
-    if args.durations:
-        print(f"slowest {args.durations} case(s):")
-        for backend, case, seconds in report.slowest(args.durations):
-            print(f"  {seconds:8.2f}s  {backend}  {case}")
-    for backend in backends:
-        for note in backend.notes:
-            print(f"{backend.label}: {note}")
-    written = _write_reports(report, args)
-    sys.stdout.flush()
-    if report.interrupted:
-        return 130
-    if not written:
-        return 2
-    return 0 if report.ok else 1
-
-
-REPORT_OPTIONS = ("report_json", "junit_xml", "summary_md", "save_accuracy")
-
-
-def _write_reports(report, args: argparse.Namespace) -> bool:
-    """Write every report asked for; one that cannot be written is an error line, and the
-    others are still written. False when one could not be."""
-    written = True
-    for option, writer in zip(REPORT_OPTIONS, (write_json, write_junit, write_markdown,
-                                               save_accuracy), strict=True):
-        path = getattr(args, option, None)
-        if not path:
-            continue
-        try:
-            writer(report, path)
-        except OSError as exc:
-            print(f"error: --{option.replace('_', '-')} {str(path)!r} could not be written: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
-            written = False
-            continue
-        print(f"wrote {path}")
-    return written
-
-
-def _cmd_merge(args: argparse.Namespace) -> int:
-    from conformance.shards import merge_reports
-
-    _check_run_inputs(args)
-    report = merge_reports(args.shards)
-    write_terminal(report, sys.stdout)
-    if not _write_reports(report, args):
-        return 2
-    return 0 if report.ok else 1
-
-
-def _job_count(jobs: int) -> int:
-    return jobs if jobs > 0 else (os.cpu_count() or 1)
-
-
-def _cmd_html(args: argparse.Namespace) -> int:
-    from conformance.html_report import write_html
-    from conformance.summary import load_report
-
-    check_output(args.out, "--out")
-    report = load_report(args.report_json)
-    bench = read_json(args.bench_json, "--bench-json") if args.bench_json else None
-    write_html(report, args.out, bench)
-    print(f"wrote {args.out}")
-    return 0
-
-
-def _cmd_summary(args: argparse.Namespace) -> int:
-    from conformance.summary import markdown, parse_source
-
-    print(markdown([parse_source(text) for text in args.reports]), end="")
-    return 0
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from conformance.compare import compare, different_runs, render
-    from conformance.summary import load_report
-
-    old, new = load_report(args.old), load_report(args.new)
-    if not args.allow_different_runs:
-        mismatch = different_runs(old, new)
-        if mismatch:
-            raise SpecError(f"compare {args.old} {args.new}: the reports did not run the same "
-                            f"thing ({mismatch}), so what one lacks would go unnoticed; pass "
-                            f"--allow-different-runs if that is meant")
-    changes = compare(old, new, args.error_factor)
-    print(render(changes), end="")
-    return 1 if changes["newly failing"] else 0
-
-
-def _cmd_expectations(args: argparse.Namespace) -> int:
-    from conformance.manifest import EXPECTATIONS_DIR, append_entries
-
-    if args.expectations is not None:
-        check_directory(args.expectations, "--expectations")
-    settings = _settings(args)
-    backend = open_backend(args.backend, args.expectations, **_loading(args))
-    if backend.reason:
-        print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
-              file=sys.stderr)
-        return 2
-    cases = select_cases(settings.spec(), args.profile)
-    check_sizes(cases, args.max_case_mib)
-    report = run([backend], cases, settings, Progress(), jobs=_job_count(args.jobs))
-    failing = sorted({(r.case, r.check) for r in report.failures if r.status in BROKEN})
-    if not failing:
-        print(f"{backend.label}: no unexpected failures on profile {args.profile}; "
-              f"nothing to add")
-        return 0
-    note = (f"added by `python -m conformance expectations update --backend {args.backend} "
-            f"--profile {args.profile}` on {time.strftime('%Y-%m-%d')}")
-    path = append_entries(backend.manifest, failing, args.expectations or EXPECTATIONS_DIR,
-                          note)
-    print(f"appended {len(failing)} entries to {path}, each with a placeholder reason:")
-    for case_id, check in failing:
-        print(f"  {check}  {case_id}")
-    print("replace each placeholder with the reason (--strict-manifest fails until then)")
-    return 0
-
-
-def _cmd_new_backend(args: argparse.Namespace) -> int:
-    out = args.out or Path(f"{args.name.replace('-', '_')}.py")
-    write_skeleton(args.name, out)
-    print(f"wrote {out}; run it with: python -m conformance run --backend "
-          f"{out}:{class_name(args.name)} --profile smoke --allow-empty")
-    return 0
 
 
 PROFILE_DEFAULTS = {"build": "full"}  # every other command: ci
