@@ -19,14 +19,8 @@ from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import check_directory, check_distinct, check_output, read_json
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
-from conformance.runner import (
-    RunSettings,
-    check_families,
-    open_backend,
-    open_backends,
-    run,
-    select_cases,
-)
+from conformance.runner import RunSettings, check_families, open_backend, open_backends, run
+from conformance.selection import select_cases
 from conformance.skeleton import class_name, write_skeleton
 from conformance.spec import SpecError, check_sizes
 from conformance.status import BROKEN

@@ -28,8 +28,8 @@ from conformance.runner import (
     check_families,
     evaluate,
     open_backend,
-    select_cases,
 )
+from conformance.selection import select_cases
 from conformance.spec import Case, SpecError
 from conformance.status import FAILING, Status
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from backends.base import Backend, Capabilities
 from conformance.checks import CHECK_FAMILIES, Outcome, Trial
 from conformance.declared import Declared, describe_target
-from conformance.manifest import Manifest, apply, glob_match, load_manifest
+from conformance.manifest import Manifest, apply, load_manifest
 from conformance.sandbox import (
     BackendHandle,
     Captured,
@@ -144,25 +144,6 @@ def open_backends(names: Iterable[str], manifest_dir: Path | None = None,
                             f"named {backend.label!r}; a name must be unique in a run")
         seen[backend.label] = backend.target
     return opened
-
-
-def pattern_matcher(pattern: str) -> Callable[[str], bool]:
-    """Substring match; ``*`` and ``?`` are wildcards (brackets in ids are literal)."""
-    return lambda text: glob_match(f"*{pattern}*", text)
-
-
-def select_cases(spec: Spec, profile: str, patterns: Iterable[str] = (),
-                 case_ids: Iterable[str] = ()) -> list[Case]:
-    cases = spec.cases(profile)
-    wanted = set(case_ids)
-    if wanted:
-        by_id = {c.id: c for spec_profile in spec.profiles for c in spec.cases(spec_profile)}
-        missing = wanted - set(by_id)
-        if missing:
-            raise SpecError(f"unknown case id(s): {', '.join(sorted(missing))}")
-        cases = [by_id[i] for i in by_id if i in wanted]
-    matchers = [pattern_matcher(p) for p in patterns]
-    return [c for c in cases if all(m(c.id) for m in matchers)]
 
 
 @dataclass

@@ -9,7 +9,8 @@ import pytest
 
 from backends.base import Conventions
 from conformance.checks.trial import Trial
-from conformance.runner import RunSettings, evaluate, open_backend, select_cases
+from conformance.runner import RunSettings, evaluate, open_backend
+from conformance.selection import select_cases
 from conformance.spec import default_spec
 from conformance.status import Status
 from conformance.tolerances import Budget, admitted_answers, output_error, wrong_where

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from conformance import cli as cli_module
-from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.runner import RunSettings, open_backend, run
+from conformance.selection import select_cases
 from conformance.spec import default_spec
 from tests.run_cli import cli
 

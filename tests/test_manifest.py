@@ -3,7 +3,8 @@
 import pytest
 
 from conformance.manifest import ManifestError, load_manifest
-from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.runner import RunSettings, open_backend, run
+from conformance.selection import select_cases
 from conformance.spec import default_spec
 
 WINDOW_CASES = select_cases(default_spec(), "smoke", ["sliding-window", "window20"])

@@ -10,7 +10,8 @@ import pytest
 
 from backends.base import Capabilities, Conventions
 from conformance.materialise import logical_kv, materialise
-from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.runner import RunSettings, open_backend, run
+from conformance.selection import select_cases
 from conformance.spec import SpecError, default_spec, parse_spec
 from references import alibi_slopes, apply_sink, decode_reference, merge_reference
 from references.decode import gather_sequence

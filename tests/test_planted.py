@@ -2,7 +2,8 @@
 
 import pytest
 
-from conformance.runner import RunSettings, open_backend, run, select_cases
+from conformance.runner import RunSettings, open_backend, run
+from conformance.selection import select_cases
 from conformance.spec import DEFAULT_MAX_CASE_MIB, default_spec
 from tests.planted import PLANTED, Base2WithSentinel, SentinelNotConverted
 

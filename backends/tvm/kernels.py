@@ -327,7 +327,8 @@ def build_command(args) -> int:
 
     from backends.registry import resolve
     from conformance.bench import select_shapes
-    from conformance.runner import RunSettings, select_cases
+    from conformance.runner import RunSettings
+    from conformance.selection import select_cases
 
     backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
     if args.explore:

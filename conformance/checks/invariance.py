@@ -13,13 +13,12 @@ from dataclasses import replace
 import numpy as np
 
 from backends.base import AttentionState
+from conformance.checks.outcomes import run_each, unsupported
 from conformance.checks.trial import (
     Outcome,
     Trial,
     errored,
-    run_each,
     seed,
-    unsupported,
 )
 from conformance.materialise import LogicalKV, canonical_layout_seed
 from conformance.problem import Problem

@@ -9,14 +9,12 @@ from dataclasses import replace
 import numpy as np
 
 from backends.base import AttentionState
+from conformance.checks.outcomes import fault_outcome, run_each, unsupported
 from conformance.checks.trial import (
     Outcome,
     Trial,
     errored,
-    fault_outcome,
-    run_each,
     seed,
-    unsupported,
 )
 from conformance.problem import Problem
 from conformance.status import Status

@@ -7,12 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from conformance.checks.outcomes import locate, unsupported
 from conformance.checks.trial import (
     Outcome,
     Trial,
     errored,
-    locate,
-    unsupported,
 )
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import materialise

@@ -18,10 +18,16 @@ from typing import Any
 import numpy as np
 
 from backends.base import AttentionState
+from conformance.checks.outcomes import (
+    Outcome,
+    cannot_judge_message,
+    locate,
+    lse_message,
+)
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import LogicalKV, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
-from conformance.sandbox import BackendHandle, ContractError, describe_exception
+from conformance.sandbox import BackendHandle, describe_exception
 from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
 from conformance.status import Status
 from conformance.tolerances import (
@@ -44,19 +50,6 @@ from conformance.tolerances import (
 )
 from references import apply_sink, decode_reference
 from references.decode import Modifiers, gather_sequence
-
-
-@dataclass(frozen=True)
-class Outcome:
-    check: str
-    status: str
-    error: float | None = None
-    budget: Budget | None = None
-    message: str = ""
-
-    @property
-    def family(self) -> str:
-        return self.check.split("/", 1)[0]
 
 
 @dataclass
@@ -373,36 +366,8 @@ def reference_of(problem: Problem, precision: type = np.float64, lse_includes_si
                             draft_mask=problem.draft_mask, precision=precision)
 
 
-def locate(got: np.ndarray, want: np.ndarray) -> str:
-    """Where the worst output element is, as ' at [row, head, dim]: got X, want Y' (row: the
-    query row, the sequence's index in one-token decode)."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape or got.size == 0:
-        return ""
-    diff = np.where(np.isfinite(got), np.abs(got - want), np.inf)
-    b, h, d = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return f" at [row {b}, head {h}, dim {d}]: got {got[b, h, d]:.6g}, want {want[b, h, d]:.6g}"
-
-
-def cannot_judge_message(budget: Budget, admitted: dict[str, float]) -> str:
-    answers = ", ".join(f"{name} (error {error:.3g})" for name, error in admitted.items())
-    return (f"the output budget {budget.value:.3g} admits a trivially wrong answer on this "
-            f"case: {answers}")
-
-
-def fault_outcome(check: str, exc: Exception) -> Outcome:
-    """A sub-check that raised: ``failed`` when the backend broke the contract, else ``error``."""
-    status = Status.FAILED if isinstance(exc, ContractError) else Status.ERROR
-    return Outcome(check, status, message=describe_exception(exc))
-
-
 def errored(check: str, run: Run) -> Outcome | None:
     return Outcome(check, Status.ERROR, message=run.exception) if run.exception else None
-
-
-def unsupported(check: str, reason: str) -> Outcome:
-    return Outcome(check, Status.UNSUPPORTED, message=reason)
 
 
 # Offsets from a case's seed for the layouts the checks make, so no two draw the same pages.
@@ -415,28 +380,3 @@ def seed(case: Case, use: str) -> int:
     return case.seed + SEEDS[use]
 
 
-def run_each(checks: list[tuple[str, Callable[[], Outcome]]]) -> list[Outcome]:
-    """Run sub-checks; one that raises is an ``error`` outcome and the others still run."""
-    outcomes = []
-    for check, run_check in checks:
-        try:
-            outcomes.append(run_check())
-        except Exception as exc:  # a backend fault is a result
-            outcomes.append(fault_outcome(check, exc))
-    return outcomes
-
-
-def lse_message(got: np.ndarray, want: np.ndarray, error: float, budget: Budget,
-                 empty: float) -> str:
-    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    want_empty = np.isneginf(want64) | (np.isclose(want64, empty, rtol=1e-6, atol=0.0)
-                                        if math.isfinite(empty) else False)
-    bad = np.isnan(got64) | (want_empty & ~np.isclose(got64, empty, rtol=1e-6)
-                             & ~(np.isneginf(got64) & math.isinf(empty)))
-    if not bad.any():
-        with np.errstate(invalid="ignore"):
-            diff = np.where(want_empty, 0.0, np.nan_to_num(np.abs(got64 - want64), nan=np.inf))
-        bad = diff == diff.max()
-    b, h = (int(i) for i in np.argwhere(bad)[0])
-    return (f"lse error {error:.3g} > budget {budget.value:.3g} at [row {b}, head {h}]: got "
-            f"{got64[b, h]:.8g}, want {want64[b, h]:.8g}")
