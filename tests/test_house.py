@@ -1,6 +1,8 @@
 """The house rules a newcomer relies on (docs/design.md §2): no module of the suite is longer
-than one sitting's read, and the layout table names every module."""
+than one sitting's read, the layout table names every module, and no import goes round in a
+circle."""
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,47 @@ def test_the_layout_table_names_every_module_of_the_harness():
                if p.name not in ("__init__.py", "__main__.py") and f"{p.name}`" not in layout
                and f"{p.name}," not in layout]
     assert not missing, f"docs/design.md §2 does not name {missing}"
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each module of the suite and the suite's modules it imports at module level (imports
+    inside functions are deferred on purpose and do not count)."""
+    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in MODULES}
+
+    def known(module: str) -> str | None:
+        while module and module not in names:
+            module = module.rpartition(".")[0]
+        return module or None
+
+    graph = {}
+    for name, path in names.items():
+        imported = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        graph[name] = {k for k in map(known, imported) if k and k != name}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = module_imports()
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module):], module]
+        if module in done:
+            return None
+        for imported in sorted(graph[module]):
+            circle = walk(imported, [*path, module])
+            if circle:
+                return circle
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        circle = walk(module, [])
+        assert circle is None, "import circle: " + " -> ".join(circle)
