@@ -30,8 +30,9 @@
 #        the GPU backends that claim them, reproducers (PROBES), the gpu bench shapes with 4
 #        query tokens and 1 on triton-splitkv and FlashInfer; carry .flashinfer/
 #   bash benchmarks/gpu_session.sh mla                 # issue 21: the MLA families (ci, then
-#        DeepSeek's long contexts) on triton-mla, flashinfer-mla, torch-flex; the MLA bench
-#        shapes on triton-mla and flashinfer-mla in one run; carry .flashinfer/
+#        DeepSeek's long contexts) on triton-mla, flashinfer-mla, torch-flex, tvm-cuda; the MLA
+#        bench shapes on triton-mla, flashinfer-mla and tvm-cuda in one run; carry .flashinfer/
+#        and, for tvm-cuda, .tvm-runtime/ and .aot/ holding the MLA kernels
 #   bash benchmarks/gpu_session.sh explore-variants    # explore --fp8 on the fp8 backends and
 #        explore (which draws the modifiers where claimed) on the modifier ones, side by side
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -195,13 +196,14 @@ PY
     # issue 21: the MLA families (ci: every edge family on small latents and DeepSeek's; then
     # full: DeepSeek's long contexts) on the backends that claim MLA, and the MLA bench shapes
     # on the Triton kernel and FlashInfer's in one run; carry .flashinfer/
-    mla_backends="triton-mla flashinfer-mla torch-flex"
+    mla_backends="triton-mla flashinfer-mla torch-flex tvm-cuda"
     ( OUT=$OUT/ci PROFILE=ci FILTER=mla/ BACKENDS="${MLA_BACKENDS:-$mla_backends}" JOBS=14 \
       RUN_TIMEOUT=${RUN_TIMEOUT:-200} bash "$0" conformance )
-    ( OUT=$OUT/full PROFILE=full FILTER=mla/deepseek-long BACKENDS="triton-mla flashinfer-mla" \
+    ( OUT=$OUT/full PROFILE=full FILTER=mla/deepseek-long BACKENDS="triton-mla flashinfer-mla tvm-cuda" \
       JOBS=4 RUN_TIMEOUT=${FULL_TIMEOUT:-150} bash "$0" conformance )
     timeout "${BENCH_TIMEOUT:-150}" python3 -m conformance bench --shapes mla --rounds 3 \
-      --backend triton-mla --backend flashinfer-mla --report-json "$OUT/bench-mla.json"
+      --backend triton-mla --backend flashinfer-mla --backend tvm-cuda \
+      --report-json "$OUT/bench-mla.json"
     ;;
   explore-variants)
     mkdir -p "$OUT/fp8" "$OUT/modifiers"
