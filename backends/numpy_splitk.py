@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities
+from conformance.backends.base import AttentionState, Backend, Capabilities
 from conformance.dtypes import FP8_DTYPES, SCALE_MODES
 from conformance.problem import Problem
 

@@ -14,24 +14,24 @@ import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from backends.base import Backend
+from conformance.backends.base import Backend
 
 ENTRY_POINT_GROUP = "paged_decode_conformance.backends"
 
 BUILTINS: dict[str, str] = {
-    "numpy": "backends.numpy_splitk:NumpySplitK",
-    "triton-paged": "backends.triton.backends:TritonPaged",
-    "triton-splitkv": "backends.triton.backends:TritonSplitKV",
-    "triton-contiguous": "backends.triton.backends:TritonContiguous",
-    "triton-mla": "backends.triton.backends:TritonMla",
-    "tvm-cpu": "backends.tvm.backends:TvmCpu",
-    "tvm-cuda": "backends.tvm.backends:TvmCuda",
-    "torch-flex": "backends.torch.backends:TorchFlex",
-    "torch-sdpa": "backends.torch.backends:TorchSdpa",
-    "flashinfer": "backends.flashinfer.backends:FlashInferDecode",
-    "flashinfer-tc": "backends.flashinfer.backends:FlashInferTensorCores",
-    "flashinfer-prefill": "backends.flashinfer.backends:FlashInferPrefill",
-    "flashinfer-mla": "backends.flashinfer.backends:FlashInferMla",
+    "numpy": "conformance.backends.numpy_splitk:NumpySplitK",
+    "triton-paged": "conformance.backends.triton.backends:TritonPaged",
+    "triton-splitkv": "conformance.backends.triton.backends:TritonSplitKV",
+    "triton-contiguous": "conformance.backends.triton.backends:TritonContiguous",
+    "triton-mla": "conformance.backends.triton.backends:TritonMla",
+    "tvm-cpu": "conformance.backends.tvm.backends:TvmCpu",
+    "tvm-cuda": "conformance.backends.tvm.backends:TvmCuda",
+    "torch-flex": "conformance.backends.torch.backends:TorchFlex",
+    "torch-sdpa": "conformance.backends.torch.backends:TorchSdpa",
+    "flashinfer": "conformance.backends.flashinfer.backends:FlashInferDecode",
+    "flashinfer-tc": "conformance.backends.flashinfer.backends:FlashInferTensorCores",
+    "flashinfer-prefill": "conformance.backends.flashinfer.backends:FlashInferPrefill",
+    "flashinfer-mla": "conformance.backends.flashinfer.backends:FlashInferMla",
 }
 
 

@@ -139,7 +139,7 @@ case "${1:-conformance}" in
     # FlashInfer JIT-compiles its bench modules (fp16 and e4m3, both paths, groups 4 and 8)
     # on small problems while the sweep runs, so that its bench times kernels, not nvcc
     [[ $fp8_bench == *flashinfer* ]] && timeout 300 python3 - > "$OUT/flashinfer-warm.log" 2>&1 <<'PY' &
-from backends.registry import resolve
+from conformance.backends.registry import resolve
 from conformance.problem import materialise, poisoned_outputs
 from conformance.spec import Case
 for name in ("flashinfer", "flashinfer-tc"):

@@ -20,8 +20,8 @@ import itertools
 import json
 from functools import partial
 
-from backends.tensors import to_torch
-from backends.triton import runtime
+from conformance.backends.tensors import to_torch
+from conformance.backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
         "waves": [1, 2, 4]}
@@ -44,10 +44,10 @@ def main() -> None:
     mode = runtime.select_mode()
     import torch
 
-    from backends.triton.kernel_common import choose_splits
-    from backends.triton.mla_kernel import mla_decode
-    from backends.triton.splitkv_kernel import splitkv_decode, tile_config
-    from backends.triton.validation import Scales
+    from conformance.backends.triton.kernel_common import choose_splits
+    from conformance.backends.triton.mla_kernel import mla_decode
+    from conformance.backends.triton.splitkv_kernel import splitkv_decode, tile_config
+    from conformance.backends.triton.validation import Scales
     from conformance.bench import copy_bandwidth, select_shapes, time_cuda
     from conformance.materialise import materialise
     from conformance.problem import poisoned_outputs

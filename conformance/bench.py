@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.base import Backend
+from conformance.backends.base import Backend
 from conformance.dtypes import FP8_DTYPES, SHORT_NAMES, numpy_dtype
 from conformance.materialise import materialise
 from conformance.problem import poisoned_outputs

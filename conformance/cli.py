@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.registry import UnknownBackendError
+from conformance.backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES
 from conformance.commands import (
     handle_backends,
@@ -108,7 +108,7 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from backends.tvm.kernels import build_command
+    from conformance.backends.tvm.kernels import build_command
     from conformance.bench import bench_command
     from conformance.explore import explore_command
 

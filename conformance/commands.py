@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from backends.registry import known_backends
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
+from conformance.backends.registry import known_backends
 from conformance.checks import CHECK_FAMILIES
 from conformance.inputs import check_directory, check_distinct, check_output, read_json
 from conformance.interrupts import protect_reports, stop_on_signals

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import Backend, Capabilities, Conventions
-from backends.registry import (
+from conformance.backends.base import Backend, Capabilities, Conventions
+from conformance.backends.registry import (
     SAFE_NAME,
     UnknownBackendError,
     availability_reason,

@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import expectations
+from conformance import expectations
 from conformance.inputs import read_text
 from conformance.status import BROKEN, Status
 

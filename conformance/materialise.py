@@ -23,6 +23,7 @@ import numpy as np
 from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements drawn
 from conformance.dtypes import dtype_name, numpy_dtype, quantize
 from conformance.problem import Problem
+from conformance.references import kept_tokens
 from conformance.spec import Case
 from conformance.variants import (
     SPREAD,
@@ -33,7 +34,6 @@ from conformance.variants import (
     separate_drafts,
     stored,
 )
-from references import kept_tokens
 
 MASKED_FILLS = ("garbage", "nan")
 GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from references import kept_tokens
+from conformance.references import kept_tokens
 
 # Output poisons: a first run sees NaN, a second run a finite value no real output takes.
 POISONS = (float("nan"), -12288.0)

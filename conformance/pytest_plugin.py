@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.registry import UnknownBackendError
+from conformance.backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.manifest import ManifestError
 from conformance.parallel import xdist_worker_environment

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from backends.base import Backend, Capabilities
+from conformance.backends.base import Backend, Capabilities
 from conformance.checks import CHECK_FAMILIES, Outcome, Trial
 from conformance.declared import Declared, describe_target
 from conformance.manifest import Manifest, apply, load_manifest

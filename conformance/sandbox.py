@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities, Conventions
+from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
 from conformance.declared import Declared
 from conformance.interrupts import interrupted, noting_interrupts
 from conformance.problem import Problem
@@ -200,7 +200,7 @@ class InProcessBackend(BackendHandle):
     @property
     def instance(self) -> Backend:
         if self._instance is None:
-            from backends.registry import resolve
+            from conformance.backends.registry import resolve
 
             try:
                 self._instance = resolve(self.target)()

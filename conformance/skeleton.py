@@ -33,7 +33,7 @@ Add a backend in ten minutes:
    problem.draft_mask (tokens, max query_len) bool or None (causal). The drafts are each
    sequence's last positions; windows and ALiBi count from each draft's own position.
    bfloat16 and fp8 arrays are ml_dtypes types, which torch.from_numpy refuses: convert with
-       from backends.tensors import to_numpy, to_torch
+       from conformance.backends.tensors import to_numpy, to_torch
        q = to_torch(problem.q, "cuda")      ...      out[...] = to_numpy(result, out)
    Convert to your kernel's layout here (that part is not timed), run the kernel, and write
    the results into ``out`` (batch, num_qo_heads, head_dim) in the query dtype and ``lse``
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities, Conventions
+from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
 
 
 class {cls}(Backend):

@@ -16,7 +16,7 @@ import math
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from backends.base import Capabilities, Instance
+from conformance.backends.base import Capabilities, Instance
 from conformance.dtypes import DTYPES
 from conformance.spec import DISTRIBUTIONS, KV_SCALINGS, MLA_DISTINCT_VALUES, Case
 
@@ -234,7 +234,7 @@ def draw_instances(capabilities: Capabilities, count: int, seed: int = 0,
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hyp_seed
 
-    from backends.base import instance_of
+    from conformance.backends.base import instance_of
 
     found: dict[Instance, Case] = {}
 

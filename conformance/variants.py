@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from conformance.dtypes import dtype_name, fp8_max, fp8_smallest_normal, numpy_dtype, quantize
+from conformance.references import alibi_slopes, tree_visibility
 from conformance.spec import Case
-from references import alibi_slopes, tree_visibility
 
 if TYPE_CHECKING:
     from conformance.materialise import LogicalKV

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import AttentionState, Backend
+from conformance.backends.base import AttentionState, Backend
 from conformance.problem import Problem
 from conformance.wire import encode_reply, receive_frame_blocking, send_frame, unpack_message
 
@@ -166,7 +166,7 @@ def device_health() -> str | None:
 
 
 def _open(target: str) -> tuple[Backend | None, str]:
-    from backends.registry import availability_reason, resolve
+    from conformance.backends.registry import availability_reason, resolve
 
     cls = resolve(target)
     reason = availability_reason(cls)
@@ -180,7 +180,7 @@ def _open(target: str) -> tuple[Backend | None, str]:
 
 def _describe(target: str) -> dict:
     """What the harness may know of a backend before running it: its declared data."""
-    from backends.registry import UnknownBackendError
+    from conformance.backends.registry import UnknownBackendError
     from conformance.declared import describe_target
 
     try:

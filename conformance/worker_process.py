@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from backends.registry import UnknownBackendError
+from conformance.backends.registry import UnknownBackendError
 from conformance.declared import Declared
 from conformance.wire import (
     PeerGoneError,

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from backends.base import AttentionState
-from backends.numpy_splitk import NumpySplitK
+from conformance.backends.base import AttentionState
+from conformance.backends.numpy_splitk import NumpySplitK
 
 
 def triggered(problem) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.backends import TritonSplitKV
+from conformance.backends.triton.backends import TritonSplitKV
 
 
 def triggered(problem) -> bool:

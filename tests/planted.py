@@ -13,8 +13,8 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 
-from backends.base import AttentionState, Conventions
-from backends.numpy_splitk import F32, NumpySplitK
+from conformance.backends.base import AttentionState, Conventions
+from conformance.backends.numpy_splitk import F32, NumpySplitK
 
 
 class EmptyRowsUnwritten(NumpySplitK):
@@ -930,7 +930,7 @@ class Float64Reference(NumpySplitK):
     name = "reference-float64"
 
     def decode(self, problem, out, lse, *, num_splits=None):
-        from references import decode_reference
+        from conformance.references import decode_reference
 
         got_out, got_lse = decode_reference(
             problem.q, problem.k_pages, problem.v_pages, problem.block_table,
@@ -943,7 +943,7 @@ class Float64Reference(NumpySplitK):
         lse[...] = got_lse.astype(np.float32)
 
     def merge(self, a, b):
-        from references import merge_reference
+        from conformance.references import merge_reference
 
         got_out, got_lse = merge_reference(a.out, a.lse, b.out, b.lse)
         return AttentionState(out=got_out.astype(a.out.dtype), lse=got_lse.astype(np.float32))

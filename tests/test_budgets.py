@@ -7,7 +7,7 @@ from functools import cached_property
 import numpy as np
 import pytest
 
-from backends.base import Conventions
+from conformance.backends.base import Conventions
 from conformance.checks.trial import Trial
 from conformance.runner import RunSettings, evaluate, open_backend
 from conformance.selection import select_cases

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from backends.base import Capabilities
-from backends.tvm import backends as tvm_backends
-from backends.tvm import kernels
+from conformance.backends.base import Capabilities
+from conformance.backends.tvm import backends as tvm_backends
+from conformance.backends.tvm import kernels
 from conformance.spec import Case
 
 ONE = frozenset({(8, 2, 64, 16, "float16")})

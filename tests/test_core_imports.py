@@ -37,7 +37,7 @@ def test_core_and_numpy_backend_run_without_torch_triton_tvm(tmp_path):
 def test_the_blocking_really_blocks_in_workers_too(tmp_path):
     # a backend that imports torch fails in its worker: the block reached it
     (tmp_path / "needs_torch.py").write_text(
-        "from backends.numpy_splitk import NumpySplitK\n\n"
+        "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
         "class NeedsTorch(NumpySplitK):\n    name = 'needs-torch'\n\n"
         "    def decode(self, problem, out, lse, *, num_splits=None):\n"
         "        import torch  # noqa: F401\n"

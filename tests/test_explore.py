@@ -242,7 +242,7 @@ def wide_regime_counts() -> dict[str, int]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hyp_seed
 
-    from backends.numpy_splitk import NumpySplitK
+    from conformance.backends.numpy_splitk import NumpySplitK
     from conformance.strategies import WIDE_COST, cases, cost
 
     seen: dict[str, int] = dict.fromkeys(

@@ -9,16 +9,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from backends.base import Capabilities
+from conformance.backends.base import Capabilities
 from conformance.bench import select_shapes
 from conformance.checks import Trial
 from conformance.dtypes import fp8_max, fp8_smallest_normal
 from conformance.materialise import logical_kv, materialise
+from conformance.references import decode_reference, kept_tokens
+from conformance.references.decode import token_scales
 from conformance.runner import RunSettings, open_backend, run
 from conformance.selection import select_cases
 from conformance.spec import Case, SpecError, default_spec, parse_spec
-from references import decode_reference, kept_tokens
-from references.decode import token_scales
 from tests.small_specs import one_family_spec, small_case
 
 

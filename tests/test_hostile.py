@@ -163,7 +163,7 @@ def test_a_backend_cannot_take_another_name_or_a_path(backend, what):
 
 def test_two_backends_with_one_name_are_refused(tmp_path):
     source = tmp_path / "twin.py"
-    source.write_text("from backends.numpy_splitk import NumpySplitK\n\n"
+    source.write_text("from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Twin(NumpySplitK):\n    name = 'twin'\n\n"
                       "class Other(NumpySplitK):\n    name = 'twin'\n")
     result = cli("run", "--backend", f"{source}:Twin", "--backend", f"{source}:Other", *SINKS)
@@ -172,8 +172,8 @@ def test_two_backends_with_one_name_are_refused(tmp_path):
 
 def test_a_typo_in_capabilities_is_refused_when_the_backend_loads(tmp_path):
     source = tmp_path / "typo.py"
-    source.write_text("from backends.base import Capabilities\n"
-                      "from backends.numpy_splitk import NumpySplitK\n\n"
+    source.write_text("from conformance.backends.base import Capabilities\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Typo(NumpySplitK):\n    name = 'typo'\n"
                       "    capabilities = Capabilities(dtypes={'fp32'})\n")
     result = cli("run", "--backend", f"{source}:Typo", *SINKS)
@@ -184,8 +184,8 @@ def test_a_typo_in_capabilities_is_refused_when_the_backend_loads(tmp_path):
 
 def test_a_backend_that_claims_no_case_fails_unless_allowed(tmp_path):
     source = tmp_path / "narrow.py"
-    source.write_text("from backends.base import Capabilities\n"
-                      "from backends.numpy_splitk import NumpySplitK\n\n"
+    source.write_text("from conformance.backends.base import Capabilities\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Narrow(NumpySplitK):\n    name = 'narrow'\n"
                       "    capabilities = Capabilities(dtypes={'bfloat16'}, features={'lse'})\n")
     result = cli("run", "--backend", f"{source}:Narrow", *SINKS, "--report-json",
@@ -235,7 +235,7 @@ def test_an_interrupted_run_is_not_ok_anywhere_and_a_second_signal_loses_nothing
 
 def test_reports_stay_well_formed_whatever_the_backend_prints(tmp_path):
     source = tmp_path / "noisy.py"
-    source.write_text("from backends.numpy_splitk import NumpySplitK\n\n"
+    source.write_text("from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Noisy(NumpySplitK):\n    name = 'noisy'\n\n"
                       "    def decode(self, problem, out, lse, *, num_splits=None):\n"
                       "        raise RuntimeError('\\x1b[31merror:\\x1b[0m nvcc said \\x00 | `x` "
@@ -481,8 +481,8 @@ def test_in_process_a_backend_that_exits_costs_only_its_cases(tmp_path, backend,
 ])
 def test_a_bad_declaration_is_refused_when_the_backend_loads(tmp_path, declaration, what):
     source = tmp_path / "declares.py"
-    source.write_text("from backends.base import Capabilities, Conventions\n"
-                      "from backends.numpy_splitk import NumpySplitK\n\n"
+    source.write_text("from conformance.backends.base import Capabilities, Conventions\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Declares(NumpySplitK):\n    name = 'declares'\n"
                       f"    {declaration}\n")
     result = cli("run", "--backend", f"{source}:Declares", *SINKS)

@@ -29,11 +29,17 @@ def test_the_layout_table_names_every_module_of_the_harness():
     assert not missing, f"docs/design.md §2 does not name {missing}"
 
 
+def installed_name(path: Path) -> str:
+    """The module's name once installed: the adapters and references live under ``conformance``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    name = ".".join(parts if parts[0] == "conformance" else ("conformance", *parts))
+    return name.removesuffix(".__init__")
+
+
 def module_imports() -> dict[str, set[str]]:
     """Each module of the suite and the suite's modules it imports at module level (imports
     inside functions are deferred on purpose and do not count)."""
-    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in MODULES}
+    names = {installed_name(p): p for p in MODULES}
 
     def known(module: str) -> str | None:
         while module and module not in names:

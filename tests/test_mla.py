@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from backends.base import Capabilities
+from conformance.backends.base import Capabilities
 from conformance.materialise import materialise
+from conformance.references import decode_reference, kept_tokens
 from conformance.spec import Case, SpecError, parse_spec
 from conformance.strategies import cases
 from conformance.wire import pack_message, unpack_message
-from references import decode_reference, kept_tokens
 
 
 def mla_spec(**fields) -> dict:
@@ -127,7 +127,7 @@ def test_explore_draws_mla_cases_for_a_backend_that_claims_only_mla(case):
 def test_tvm_reads_each_kept_token_of_a_sequence_from_its_merged_latent_page():
     """TVM's MLA cache (backends/tvm/layout.py): page-list position ``i`` of sequence ``b``
     holds its ``i``-th kept token, latent then rope; every other slot is NaN."""
-    from backends.tvm.layout import page_list_positions, tvm_layout
+    from conformance.backends.tvm.layout import page_list_positions, tvm_layout
 
     for fields in ({}, {"context_lens": [13, 0, 3], "window": 4, "sinks": 2}):
         problem = materialise(mla_case(**fields))
@@ -150,7 +150,7 @@ def test_tvm_reads_each_kept_token_of_a_sequence_from_its_merged_latent_page():
 def test_tvm_builds_its_mla_kernel_for_every_page_size_a_case_needs():
     """The keys of an MLA case: TVM's MLA kernel at its page size and twice it, with and
     without the window, and the merge at the latent's width; no GQA decode."""
-    from backends.tvm import kernels
+    from conformance.backends.tvm import kernels
 
     case = mla_case(window=4, sinks=1)
     keys = kernels.keys_for_case(case, "cuda")

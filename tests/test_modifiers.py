@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from backends.base import Capabilities, Conventions
+from conformance.backends.base import Capabilities, Conventions
 from conformance.materialise import logical_kv, materialise
+from conformance.references import alibi_slopes, apply_sink, decode_reference, merge_reference
+from conformance.references.decode import gather_sequence
 from conformance.runner import RunSettings, open_backend, run
 from conformance.selection import select_cases
 from conformance.spec import SpecError, default_spec, parse_spec
-from references import alibi_slopes, apply_sink, decode_reference, merge_reference
-from references.decode import gather_sequence
 from tests.small_specs import one_family_spec, small_case
 
 case = small_case
@@ -155,7 +155,7 @@ def test_a_backend_whose_lse_leaves_the_sink_out_declares_it():
 
 
 def test_flashinfer_claims_each_modifier_alone_standard_slopes_only_and_not_alibi_capped():
-    from backends.flashinfer.backends import FlashInferTensorCores
+    from conformance.backends.flashinfer.backends import FlashInferTensorCores
 
     claims = FlashInferTensorCores.__new__(FlashInferTensorCores).unsupported_reason
     fields = dict(dtype="float16", head_dim=64)
@@ -167,7 +167,7 @@ def test_flashinfer_claims_each_modifier_alone_standard_slopes_only_and_not_alib
 
 
 def test_compiled_flex_attention_is_not_given_head_dims_below_16(monkeypatch):
-    from backends.torch import backends as torch_backends
+    from conformance.backends.torch import backends as torch_backends
 
     flex = torch_backends.TorchFlex.__new__(torch_backends.TorchFlex)
     monkeypatch.setattr(torch_backends, "device", lambda: "cuda")

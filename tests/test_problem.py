@@ -10,8 +10,8 @@ import pytest
 from conformance.checks.trial import reference_of
 from conformance.materialise import logical_kv, materialise
 from conformance.problem import POISONS, poisoned_outputs
+from conformance.references import kept_tokens
 from conformance.spec import Case, default_spec
-from references import kept_tokens
 
 
 def make_case(**fields):

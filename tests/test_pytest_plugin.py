@@ -66,8 +66,8 @@ def test_a_backend_that_judges_nothing_fails_the_run_unless_allowed(tmp_path):
         assert result.returncode == 1 and why in result.stdout, result.stdout[-2000:]
         assert counts["failed"] == SMOKE * 6 and "skipped" not in counts
     narrow = tmp_path / "narrow.py"
-    narrow.write_text("from backends.base import Capabilities\n"
-                      "from backends.numpy_splitk import NumpySplitK\n\n"
+    narrow.write_text("from conformance.backends.base import Capabilities\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
                       "class Narrow(NumpySplitK):\n    name = 'narrow'\n"
                       "    capabilities = Capabilities(dtypes={'float32'}, features={'lse'})\n")
     result, counts = ask(f"{narrow}:Narrow", "conformance/test_conformance.py", "-k", "sinks/")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from references import decode_reference, kept_tokens, merge_reference, tree_visibility
+from conformance.references import decode_reference, kept_tokens, merge_reference, tree_visibility
 
 
 def brute_force(q, k_pages, v_pages, table, lens, sm_scale, window=None, sinks=0,

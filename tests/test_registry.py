@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import registry
+from conformance.backends import registry
 from conformance.parallel import gpu_environment, xdist_worker_environment
 
 ROOT = Path(__file__).resolve().parents[1]

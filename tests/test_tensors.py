@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the conversion's other side")
 
-from backends.tensors import to_numpy, to_torch  # noqa: E402
+from conformance.backends.tensors import to_numpy, to_torch  # noqa: E402
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
           ml_dtypes.float8_e5m2, np.int32]

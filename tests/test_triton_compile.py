@@ -24,7 +24,12 @@ import sys
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from backends.triton import contiguous_kernel, merge_kernel, paged_kernel, splitkv_kernel
+from conformance.backends.triton import (
+    contiguous_kernel,
+    merge_kernel,
+    paged_kernel,
+    splitkv_kernel,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float8_e4m3fn": "*fp8e4nv",
@@ -127,7 +132,7 @@ import sys
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from backends.triton import mla_kernel
+from conformance.backends.triton import mla_kernel
 
 rank, rope, heads, dtype, batch = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                    sys.argv[4], int(sys.argv[5]))

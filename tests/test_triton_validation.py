@@ -9,16 +9,16 @@ if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch
     pytest.skip("triton or torch is not installed (pip install -e '.[triton]')",
                 allow_module_level=True)
 
-from backends.triton import runtime
+from conformance.backends.triton import runtime
 
 runtime.select_mode()  # the interpreter on a CPU machine, before triton is imported
 import torch  # noqa: E402
 
-from backends.tensors import to_torch  # noqa: E402
-from backends.triton.merge_kernel import merge_states  # noqa: E402
-from backends.triton.mla_kernel import mla_decode  # noqa: E402
-from backends.triton.paged_kernel import paged_decode  # noqa: E402
-from backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
+from conformance.backends.tensors import to_torch  # noqa: E402
+from conformance.backends.triton.merge_kernel import merge_states  # noqa: E402
+from conformance.backends.triton.mla_kernel import mla_decode  # noqa: E402
+from conformance.backends.triton.paged_kernel import paged_decode  # noqa: E402
+from conformance.backends.triton.splitkv_kernel import splitkv_decode  # noqa: E402
 from conformance.materialise import materialise  # noqa: E402
 from conformance.spec import Case  # noqa: E402
 
@@ -124,7 +124,7 @@ def fp8_inputs():
     ({"kv_scale": "per-token", "q_scale": "q"}, "q_scale: given for a q of dtype float16"),
 ])
 def test_bad_fp8_scales_are_named(kernel, scales, fragment):
-    from backends.triton.validation import Scales
+    from conformance.backends.triton.validation import Scales
 
     _, tensors = fp8_inputs()
     given = {"k_scale": tensors["k_scale"], "v_scale": tensors["v_scale"], **scales}
@@ -142,7 +142,7 @@ def test_bad_fp8_scales_are_named(kernel, scales, fragment):
     ({"soft_cap": -1.0}, "soft_cap: -1.0 must be positive"),
 ])
 def test_bad_score_modifiers_are_named(kernel, modifiers, fragment):
-    from backends.triton.validation import ScoreModifiers
+    from conformance.backends.triton.validation import ScoreModifiers
 
     _, tensors = inputs()
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):

@@ -48,17 +48,17 @@ def installed(tmp_path_factory):
     return python, outside
 
 
-def run_there(installed, *args):
+def run_there(installed, *args, cwd: Path | None = None):
     python, outside = installed
     # a clean environment: nothing may be found through the source tree
     env = {"PATH": "/usr/bin:/bin", "HOME": str(outside)}
-    return subprocess.run([str(python), *args], cwd=outside, capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run([str(python), *args], cwd=cwd or outside, capture_output=True,
+                          text=True, timeout=600, env=env)
 
 
 def test_the_installed_suite_runs_from_another_directory(installed):
-    where = run_there(installed, "-c", "import conformance, expectations; "
-                                       "print(conformance.__file__, expectations.__file__)")
+    where = run_there(installed, "-c", "import conformance.expectations as e, conformance as c; "
+                                       "print(c.__file__, e.__file__)")
     assert where.returncode == 0 and str(ROOT) not in where.stdout, where.stdout + where.stderr
     result = run_there(installed, "-m", "conformance", "run", "--backend", "numpy", "--profile",
                        "smoke")
@@ -77,3 +77,24 @@ def test_pytest_finds_the_plugin_through_its_entry_point(installed):
                        "--conformance-profile", "smoke", "--conformance-check", "oracle")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"{len(default_spec().cases('smoke'))} passed" in result.stdout
+
+
+def test_a_project_with_packages_of_the_same_names_keeps_them(installed, tmp_path):
+    # a user's project whose own `backends`, `references` and `expectations` come first on the
+    # path: the suite's are installed under `conformance`, so neither shadows the other
+    for name in ("backends", "references", "expectations"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"OWNER = 'the project: {name}'\n")
+    both = run_there(installed, "-c", "import backends, references, expectations; "
+                     "from conformance.backends.registry import resolve; "
+                     "from conformance.manifest import load_manifest; "
+                     "print(backends.OWNER, references.OWNER, expectations.OWNER); "
+                     "print(resolve('numpy').__module__, len(load_manifest('tvm-cpu').entries))",
+                     cwd=tmp_path)
+    assert both.returncode == 0, both.stderr
+    ours, theirs = both.stdout.splitlines()[1], both.stdout.splitlines()[0]
+    assert theirs.count("the project") == 3
+    assert ours.split()[0] == "conformance.backends.numpy_splitk" and int(ours.split()[1]) > 0
+    run = run_there(installed, "-m", "conformance", "run", "--backend", "numpy", "--profile",
+                    "smoke", "--check", "oracle", cwd=tmp_path)
+    assert run.returncode == 0 and "no unexpected failures" in run.stdout, run.stderr

@@ -48,8 +48,8 @@ from functools import cache
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities, Conventions
-from backends.tensors import to_numpy, to_torch
+from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
+from conformance.backends.tensors import to_numpy, to_torch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "

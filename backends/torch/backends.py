@@ -24,8 +24,8 @@ from functools import cache
 
 import numpy as np
 
-from backends.base import Backend, Capabilities
-from backends.tensors import to_numpy, to_torch
+from conformance.backends.base import Backend, Capabilities
+from conformance.backends.tensors import to_numpy, to_torch
 
 FEATURES = frozenset({"lse", "sliding_window", "sinks"})
 

@@ -6,9 +6,9 @@ from functools import partial
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities
-from backends.tensors import to_numpy, to_torch
-from backends.triton import runtime
+from conformance.backends.base import AttentionState, Backend, Capabilities
+from conformance.backends.tensors import to_numpy, to_torch
+from conformance.backends.triton import runtime
 
 BF16_INTERPRETER = ("bfloat16 arithmetic is not supported by the Triton interpreter "
                     "(triton-lang/triton#11584, #4972); the case runs on a GPU")
@@ -72,7 +72,7 @@ class TritonBackend(Backend):
     def scales(self, tensors: dict, problem):
         """The kernels' ``Scales`` for an fp8 cache or query: the problem's own arrays, on
         the device; the kernel dequantizes."""
-        from backends.triton.validation import Scales
+        from conformance.backends.triton.validation import Scales
 
         return Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"),
                       tensors.get("q_scale"))
@@ -80,7 +80,7 @@ class TritonBackend(Backend):
     def queries(self, tensors: dict, problem):
         """The kernels' ``Queries`` for several query tokens per sequence (None for one):
         the packed rows' start offsets and the problem's draft mask, on the device."""
-        from backends.triton.validation import Queries
+        from conformance.backends.triton.validation import Queries
 
         if problem.query_lens is None:
             return None
@@ -89,7 +89,7 @@ class TritonBackend(Backend):
 
     def modifiers(self, tensors: dict, problem):
         """The kernels' ``ScoreModifiers``: the problem's soft-cap, sink logits and slopes."""
-        from backends.triton.validation import ScoreModifiers
+        from conformance.backends.triton.validation import ScoreModifiers
 
         return ScoreModifiers(problem.soft_cap, tensors.get("sink_logits"),
                               tensors.get("alibi_slopes"))
@@ -97,7 +97,7 @@ class TritonBackend(Backend):
     def splits(self, problem, num_splits: int | None, block_n: int, waves: float = 2.0,
                programs_per_split: int | None = None) -> int:
         """The split count: the caller's, or the heuristic on the host-side problem."""
-        from backends.triton.kernel_common import choose_splits
+        from conformance.backends.triton.kernel_common import choose_splits
 
         if num_splits:
             return num_splits
@@ -106,7 +106,7 @@ class TritonBackend(Backend):
                              longest, self.mode.sm_count, block_n, waves)
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        from backends.triton.merge_kernel import merge_states
+        from conformance.backends.triton.merge_kernel import merge_states
 
         device = self.mode.device
         out = np.full_like(a.out, np.nan)
@@ -144,7 +144,7 @@ class TritonSplitKV(TritonBackend):
         return super().unsupported_reason(case)
 
     def bind(self, problem, out, lse, num_splits, validate):
-        from backends.triton.splitkv_kernel import splitkv_decode, tile_config
+        from conformance.backends.triton.splitkv_kernel import splitkv_decode, tile_config
 
         tensors = self.inputs(problem)
         config = tile_config(problem.head_dim, problem.kv_scale is not None)
@@ -166,7 +166,7 @@ class TritonPaged(TritonBackend):
                                 devices=("cuda", "cpu-interpreter"), **FP8)
 
     def bind(self, problem, out, lse, num_splits, validate):
-        from backends.triton.paged_kernel import paged_decode
+        from conformance.backends.triton.paged_kernel import paged_decode
 
         tensors = self.inputs(problem)
         return partial(paged_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
@@ -193,7 +193,7 @@ class TritonMla(TritonBackend):
         return super().unsupported_reason(case)
 
     def bind(self, problem, out, lse, num_splits, validate):
-        from backends.triton.mla_kernel import mla_decode, tile_config
+        from conformance.backends.triton.mla_kernel import mla_decode, tile_config
 
         tensors = self.inputs(problem)
         config = tile_config(problem.kv_lora_rank, problem.num_qo_heads, problem.batch)
@@ -233,7 +233,7 @@ class TritonContiguous(TritonBackend):
                                 devices=("cuda", "cpu-interpreter"))
 
     def bind(self, problem, out, lse, num_splits, validate):
-        from backends.triton.contiguous_kernel import BLOCK_N, contiguous_decode
+        from conformance.backends.triton.contiguous_kernel import BLOCK_N, contiguous_decode
 
         keys, values = contiguous_cache(problem)
         return partial(contiguous_decode, self.upload(problem.q), self.upload(keys),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import (
+from conformance.backends.triton.kernel_common import (
     LOG2E,
     choose_splits,
     kept_position,
@@ -20,8 +20,8 @@ from backends.triton.kernel_common import (
     online_softmax_step,
     split_bounds,
 )
-from backends.triton.splitkv_kernel import combine_splits
-from backends.triton.validation import check_output_buffers, check_tensor
+from conformance.backends.triton.splitkv_kernel import combine_splits
+from conformance.backends.triton.validation import check_output_buffers, check_tensor
 
 BLOCK_N = 64
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import rows_per_program
-from backends.triton.validation import check_tensor
+from conformance.backends.triton.kernel_common import rows_per_program
+from conformance.backends.triton.validation import check_tensor
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import (
+from conformance.backends.triton.kernel_common import (
     LOG2E,
     choose_splits,
     kept_span,
@@ -27,8 +27,8 @@ from backends.triton.kernel_common import (
     split_bounds,
     tile_slots,
 )
-from backends.triton.splitkv_kernel import DOT_DTYPES, combine_splits
-from backends.triton.validation import check_mla_inputs
+from conformance.backends.triton.splitkv_kernel import DOT_DTYPES, combine_splits
+from conformance.backends.triton.validation import check_mla_inputs
 
 
 @triton.jit

@@ -14,15 +14,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import (
+from conformance.backends.triton.kernel_common import (
     LN2,
     LOG2E,
     load_scaled_rows,
     modified_scores,
     online_softmax_step,
 )
-from backends.triton.splitkv_kernel import PER_PROGRAM, PER_TOKEN, scale_arguments
-from backends.triton.validation import Scales, ScoreModifiers, paged_shapes
+from conformance.backends.triton.splitkv_kernel import PER_PROGRAM, PER_TOKEN, scale_arguments
+from conformance.backends.triton.validation import Scales, ScoreModifiers, paged_shapes
 
 LOG2E_TL = tl.constexpr(LOG2E)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.triton.kernel_common import (
+from conformance.backends.triton.kernel_common import (
     LN2,
     LOG2E,
     choose_splits,
@@ -40,7 +40,7 @@ from backends.triton.kernel_common import (
     split_bounds,
     tile_slots,
 )
-from backends.triton.validation import Queries, Scales, ScoreModifiers, paged_shapes
+from conformance.backends.triton.validation import Queries, Scales, ScoreModifiers, paged_shapes
 
 LOG2E_TL = tl.constexpr(LOG2E)
 

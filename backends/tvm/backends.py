@@ -19,9 +19,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from backends.base import AttentionState, Backend, Capabilities, Conventions
-from backends.tvm import kernels
-from backends.tvm.layout import tvm_layout
+from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
+from conformance.backends.tvm import kernels
+from conformance.backends.tvm.layout import tvm_layout
 from conformance.dtypes import dtype_name
 
 LN2 = math.log(2.0)
@@ -163,7 +163,7 @@ def tree_order(problem) -> np.ndarray:
     """TVM's ``tree_order`` ``(tokens, 2)`` int32: each draft's [enter, exit) interval of a
     depth-first walk of its sequence's draft tree (draft i sees draft j when j's interval
     holds i's enter). Refuses a visibility matrix that is no tree."""
-    from references import tree_visibility
+    from conformance.references import tree_visibility
 
     order = np.zeros((problem.tokens, 2), dtype=np.int32)
     for b in range(problem.batch):

@@ -325,7 +325,7 @@ def build_command(args) -> int:
     """``python -m conformance build tvm``: every kernel a profile (and bench set) needs."""
     import time
 
-    from backends.registry import resolve
+    from conformance.backends.registry import resolve
     from conformance.bench import select_shapes
     from conformance.runner import RunSettings
     from conformance.selection import select_cases

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from backends.base import AttentionState
+from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import run_each, unsupported
 from conformance.checks.trial import (
     Outcome,
@@ -22,9 +22,9 @@ from conformance.checks.trial import (
 )
 from conformance.materialise import LogicalKV, canonical_layout_seed
 from conformance.problem import Problem
+from conformance.references import kept_tokens
 from conformance.spec import with_changes
 from conformance.status import Status
-from references import kept_tokens
 
 
 def check_invariance(trial: Trial) -> list[Outcome]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from backends.base import AttentionState
+from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import fault_outcome, run_each, unsupported
 from conformance.checks.trial import (
     Outcome,
@@ -17,9 +17,9 @@ from conformance.checks.trial import (
     seed,
 )
 from conformance.problem import Problem
+from conformance.references import merge_reference
 from conformance.status import Status
 from conformance.tolerances import lse_error, merge_rounding
-from references import merge_reference
 
 
 def _cuts(kept: int, page_size: int, scheme: str) -> list[int]:

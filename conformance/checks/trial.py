@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import AttentionState
+from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import (
     Outcome,
     cannot_judge_message,
@@ -27,6 +27,8 @@ from conformance.checks.outcomes import (
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import LogicalKV, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
+from conformance.references import apply_sink, decode_reference
+from conformance.references.decode import Modifiers, gather_sequence
 from conformance.sandbox import BackendHandle, describe_exception
 from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
 from conformance.status import Status
@@ -48,8 +50,6 @@ from conformance.tolerances import (
     trivial_answers,
     wrong_where,
 )
-from references import apply_sink, decode_reference
-from references.decode import Modifiers, gather_sequence
 
 
 @dataclass
