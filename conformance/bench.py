@@ -9,11 +9,7 @@ every attended token, read once) and the achieved rate.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -235,73 +231,3 @@ def bench(backend: Backend, label: str, shape: BenchShape, rounds: int = 1,
     rate = shape.kv_bytes / seconds
     return BenchResult(label, shape.name, device, seconds, shape.kv_bytes, rate, copy_rate,
                        rate / copy_rate if copy_rate else None, medians)
-
-
-def bench_command(args: argparse.Namespace) -> int:
-    """``python -m conformance bench``: every backend in its worker, a table and the JSON."""
-    from conformance.inputs import check_output, write_atomically
-    from conformance.runner import open_backends
-    from conformance.sandbox import describe_exception
-
-    if args.report_json is not None:
-        check_output(args.report_json, "--report-json")
-    shapes = select_shapes(args.shapes, args.shape)
-    backends = open_backends(args.backend, isolated=not args.in_process,
-                             load_timeout=args.case_timeout or None)
-    for backend in backends:
-        if backend.reason:
-            print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
-                  file=sys.stderr)
-            return 2
-    results, failed, copy_rate = [], 0, None
-    machine = {"platform": platform.platform(), "python": platform.python_version()}
-    print(f"{'backend':18} {'shape':18} {'median':>10} {'GB/s':>8} {'% copy':>7} {'spread':>7}")
-    try:
-        for backend in backends:
-            handle = backend.connect(isolated=not args.in_process)
-            handle.begin_case(args.case_timeout)
-            try:
-                device, rate, gpu = handle.call("timing_device")
-            except Exception as exc:  # one backend's fault must not lose the other results
-                failed += 1
-                print(f"{backend.label:18} {'-':18} ERROR {describe_exception(exc)}", flush=True)
-                continue
-            if device == "cuda" and copy_rate is None:
-                copy_rate = rate
-                machine.update(gpu)
-                print(f"device-to-device copy: {copy_rate / 1e12:.2f} TB/s (read + write)")
-            for shape in shapes:
-                handle.begin_case(args.case_timeout)
-                try:
-                    reason = handle.unsupported_reason(shape.case())
-                except Exception as exc:
-                    reason = f"its unsupported_reason raised {describe_exception(exc)}"
-                    failed += 1
-                if reason:
-                    print(f"{backend.label:18} {shape.name:18} unsupported: {reason}",
-                          flush=True)
-                    continue
-                try:
-                    result = BenchResult.from_data(handle.call(
-                        "bench", backend.label, shape, args.rounds,
-                        copy_rate if device == "cuda" else None))
-                except Exception as exc:
-                    failed += 1
-                    print(f"{backend.label:18} {shape.name:18} ERROR {describe_exception(exc)}",
-                          flush=True)
-                    continue
-                results.append(result)
-                share = f"{100 * result.fraction_of_copy:6.1f}%" if result.fraction_of_copy \
-                    else "      -"
-                print(f"{backend.label:18} {shape.name:18} {result.median_s * 1e6:8.1f}us "
-                      f"{result.bytes_per_s / 1e9:8.1f} {share} {result.spread:7.3f}", flush=True)
-    finally:
-        for backend in backends:
-            backend.disconnect()
-    if args.report_json:
-        write_atomically(args.report_json, json.dumps(
-            {"schema": "paged-decode-conformance/bench/1", "machine": machine,
-             "copy_bytes_per_s": copy_rate, "results": [r.as_dict() for r in results]},
-            indent=1) + "\n")
-        print(f"JSON: {args.report_json}")
-    return 1 if failed else 0

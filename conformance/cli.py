@@ -13,17 +13,9 @@ from pathlib import Path
 
 from conformance.backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES
-from conformance.commands import (
-    handle_backends,
-    handle_compare,
-    handle_expectations,
-    handle_html,
-    handle_list,
-    handle_merge,
-    handle_new_backend,
-    handle_run,
-    handle_summary,
-)
+from conformance.commands.listing import handle_backends, handle_list, handle_new_backend
+from conformance.commands.reports import handle_compare, handle_html, handle_summary
+from conformance.commands.run import handle_expectations, handle_merge, handle_run
 from conformance.manifest import ManifestError
 from conformance.runner import (
     DEFAULT_CASE_TIMEOUT,
@@ -108,9 +100,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from conformance.backends.tvm.kernels import build_command
-    from conformance.bench import bench_command
-    from conformance.explore import explore_command
+    from conformance.commands.bench import handle_bench
+    from conformance.commands.build import handle_build
+    from conformance.commands.explore import handle_explore
 
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     merging.add_argument("--junit-xml", type=Path, help="write a JUnit XML report here")
     merging.add_argument("--summary-md", type=Path, help="write a Markdown summary here")
 
-    benching = command("bench", bench_command, "time backends' kernel calls on named shapes",
+    benching = command("bench", handle_bench, "time backends' kernel calls on named shapes",
                        "worker")
     benching.add_argument("--backend", action="append", default=[], required=True,
                           help="a registered name or module:Class (repeatable)")
@@ -176,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="timed rounds per shape (each a median); their spread is shown")
     benching.add_argument("--report-json", type=Path, help="write the results here")
 
-    exploring = command("explore", explore_command, "search the cases a backend claims for "
+    exploring = command("explore", handle_explore, "search the cases a backend claims for "
                         "failures (Hypothesis), shrink each to a spec entry", "worker")
     exploring.add_argument("--backend", required=True, help="a registered name or module:Class")
     exploring.add_argument("--max-examples", type=_positive_int, default=200)
@@ -218,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="compare reports of other profiles, specs, backends or case "
                                 "sets (refused by default: a mis-wired gate would pass)")
 
-    building = command("build", build_command, "ahead-of-time build of a backend's kernels",
+    building = command("build", handle_build, "ahead-of-time build of a backend's kernels",
                        "spec")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")

@@ -77,3 +77,21 @@ def test_no_module_imports_one_that_imports_it_back():
     for module in sorted(graph):
         circle = walk(module, [])
         assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_what_a_command_does_lives_on_the_command_line_side():
+    # a subject (bench, explore, a backend's build) that held its own command handler imported
+    # the runner and the command line back, and made the import circle this file guards against
+    line_side = ("conformance.cli", "conformance.commands", "conformance.__main__")
+    misplaced = []
+    for path in MODULES:
+        if installed_name(path).startswith(line_side):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and (node.name.startswith("handle_")
+                                                       or node.name.endswith("_command")):
+                misplaced.append(f"{path.relative_to(ROOT)}: def {node.name}")
+            elif (isinstance(node, ast.ImportFrom) and node.module
+                  and node.module.startswith(line_side[:2])):
+                misplaced.append(f"{path.relative_to(ROOT)}: imports {node.module}")
+    assert not misplaced, "belongs in conformance/commands/: " + "; ".join(misplaced)

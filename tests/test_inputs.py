@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import commands
+from conformance.commands import run as run_command
 from conformance.runner import RunSettings, open_backend, run
 from conformance.selection import select_cases
 from conformance.spec import default_spec
@@ -161,9 +161,9 @@ def test_a_report_that_cannot_be_written_does_not_stop_the_others(tmp_path, monk
     def full_disk(report, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(commands, "write_junit", full_disk)
+    monkeypatch.setattr(run_command, "write_junit", full_disk)
     args = SimpleNamespace(report_json=tmp_path / "r.json", junit_xml=tmp_path / "r.xml",
                            summary_md=tmp_path / "r.md", save_accuracy=None)
-    assert commands._write_reports(report, args) is False
+    assert run_command.write_reports(report, args) is False
     assert (tmp_path / "r.json").exists() and (tmp_path / "r.md").exists()
     assert "--junit-xml" in capsys.readouterr().err

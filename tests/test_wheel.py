@@ -3,16 +3,20 @@ pytest finds the plugin through its ``pytest11`` entry point."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from conformance.spec import default_spec
 from tests.run_cli import ROOT
+
+SOURCE_FOLDERS = ("conformance", "backends", "references", "expectations")
 
 
 def running_site_packages() -> list[str]:
@@ -29,10 +33,27 @@ def installed(tmp_path_factory):
     rest: added as plain paths, so the editable install of the source tree (a ``.pth`` hook
     there) is not."""
     where = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what the wheel is made of: setuptools builds in the tree and keeps
+    # what an earlier build left in build/, which a wheel would then carry
+    source = where / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in SOURCE_FOLDERS:
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(where), str(ROOT)], check=True, capture_output=True,
+                    "-q", "-w", str(where), str(source)], check=True, capture_output=True,
                    timeout=300)
     wheel = next(where.glob("paged_decode_conformance-*.whl"))
+    inside = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in inside}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"conformance"}, top
+    # every package of the tree is in it (pyproject lists them, mapped under `conformance`)
+    packages = {str(p.parent.relative_to(ROOT)) for folder in SOURCE_FOLDERS
+                for p in (ROOT / folder).rglob("__init__.py")}
+    missing = {p for p in packages if (p if p.startswith("conformance") else
+                                       f"conformance/{p}") + "/__init__.py" not in inside}
+    assert not missing, f"pyproject.toml's packages leave out {sorted(missing)}"
     env_dir = where / "venv"
     venv.create(env_dir, system_site_packages=False, with_pip=False)
     python = env_dir / "bin" / "python"

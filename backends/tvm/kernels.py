@@ -319,36 +319,3 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
                                        page_size))
     keys.add(merge)
     return keys
-
-
-def build_command(args) -> int:
-    """``python -m conformance build tvm``: every kernel a profile (and bench set) needs."""
-    import time
-
-    from conformance.backends.registry import resolve
-    from conformance.bench import select_shapes
-    from conformance.runner import RunSettings
-    from conformance.selection import select_cases
-
-    backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
-    if args.explore:
-        from conformance.strategies import GPU_COST_CAP, draw_instances
-
-        cases = draw_instances(backend.capabilities, args.explore, args.seed, GPU_COST_CAP)
-        what = f"{len(cases)} kernel shapes drawn for explore (seed {args.seed})"
-    else:
-        settings = RunSettings(profile=args.profile, spec_path=args.spec)
-        cases = select_cases(settings.spec(), args.profile)
-        if args.bench_shapes:
-            cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
-        cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
-        what = f"{len(cases)} cases of profile {args.profile}"
-    keys = sorted({k for c in cases for k in keys_for_case(c, args.target, bool(args.explore))},
-                  key=lambda k: k.filename)
-    print(f"building {len(keys)} TVM kernels for {what} into {args.out}", flush=True)
-    started = time.monotonic()
-    summary = build(keys, args.out, fatbins=not args.no_fatbin)
-    print(f"done in {time.monotonic() - started:.1f}s: compile {summary['compile_seconds']:.1f}s, "
-          f"nvcc {summary['nvcc_seconds']:.1f}s; {len(summary['failures'])} kernels TVM could "
-          f"not build (listed in manifest.json); run with {AOT_ENV_NAME}={args.out}")
-    return 0
