@@ -183,6 +183,20 @@ class Problem:
         return kept_tokens(int(self.context_lens[b]), self.window, self.sinks, query_len, draft,
                            seen)
 
+    def slots(self, sequence: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the given positions of a sequence are stored: ``(pages, slots)`` into the
+        pools; a page is -1 where the table holds none (a block the window evicted)."""
+        return (self.block_table[sequence, positions // self.page_size],
+                positions % self.page_size)
+
+    def gather(self, sequence: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of the given positions of a sequence as stored (codes, for an fp8 cache),
+        ``(tokens, kv_heads, dim)`` each: what an adapter reads to build another layout. The
+        oracle gathers on its own (``conformance.references``), so that it shares no code
+        with what it judges."""
+        pages, slots = self.slots(sequence, positions)
+        return self.k_pages[pages, slots], self.v_pages[pages, slots]
+
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {"q": self.q, "k_pages": self.k_pages, "v_pages": self.v_pages,
                   "block_table": self.block_table, "context_lens": self.context_lens}
@@ -193,7 +207,6 @@ class Problem:
             if getattr(self, name) is not None:
                 arrays[name] = getattr(self, name)
         return arrays
-
 
 
 def poisoned_outputs(problem: Problem, poison: float) -> tuple[np.ndarray, np.ndarray]:

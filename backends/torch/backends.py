@@ -77,10 +77,9 @@ def slot_positions(problem) -> np.ndarray:
                     dtype=np.int32)
     for b in range(problem.batch):
         positions = np.arange(int(problem.context_lens[b]))
-        pages = problem.block_table[b, positions // problem.page_size]
+        pages, slot = problem.slots(b, positions)
         live = pages >= 0  # a page the window evicted entirely is -1 in the table
-        slots[b, pages[live] * problem.page_size + positions[live] % problem.page_size] = \
-            positions[live]
+        slots[b, pages[live] * problem.page_size + slot[live]] = positions[live]
     return slots
 
 
@@ -203,9 +202,7 @@ def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     attended = np.zeros((problem.tokens, longest), dtype=bool)
     for row, b in enumerate(problem.row_sequence):
         kept = problem.kept(row)
-        pages = problem.block_table[b, kept // problem.page_size]
-        keys[b, kept] = problem.k_pages[pages, kept % problem.page_size]
-        values[b, kept] = problem.v_pages[pages, kept % problem.page_size]
+        keys[b, kept], values[b, kept] = problem.gather(b, kept)
         attended[row, kept] = True
     return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3), attended
 

@@ -216,9 +216,7 @@ def contiguous_cache(problem) -> tuple[np.ndarray, np.ndarray]:
     values = np.full(shape, np.nan, dtype=problem.dtype)
     for b in range(batch):
         kept = problem.kept(b)
-        pages = problem.block_table[b, kept // problem.page_size]
-        keys[b, kept] = problem.k_pages[pages, kept % problem.page_size]
-        values[b, kept] = problem.v_pages[pages, kept % problem.page_size]
+        keys[b, kept], values[b, kept] = problem.gather(b, kept)
     kv_of_head = np.arange(problem.num_qo_heads) // problem.group_size
     return (np.ascontiguousarray(keys[:, :, kv_of_head].transpose(0, 2, 1, 3)),
             np.ascontiguousarray(values[:, :, kv_of_head].transpose(0, 2, 1, 3)))

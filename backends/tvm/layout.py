@@ -89,8 +89,7 @@ def tvm_layout(problem: Problem, seed: int = 0) -> TvmPagedKV:
         used += num_pages
         indptr[b + 1] = used
         info[:, b] = lengths
-        source_pages = problem.block_table[b, tokens // page_size]
-        source_slots = tokens % page_size
+        source_pages, source_slots = problem.slots(b, tokens)
         target_pages = mine[positions // page_size]
         target_slots = positions % page_size
         if mla:  # (tokens, 1, latent + rope) -> pages[page, slot, latent + rope]
