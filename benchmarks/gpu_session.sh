@@ -140,7 +140,8 @@ case "${1:-conformance}" in
     # on small problems while the sweep runs, so that its bench times kernels, not nvcc
     [[ $fp8_bench == *flashinfer* ]] && timeout 300 python3 - > "$OUT/flashinfer-warm.log" 2>&1 <<'PY' &
 from conformance.backends.registry import resolve
-from conformance.problem import materialise, poisoned_outputs
+from conformance.materialise import materialise
+from conformance.problem import poisoned_outputs
 from conformance.spec import Case
 for name in ("flashinfer", "flashinfer-tc"):
     backend = resolve(name)()

@@ -67,7 +67,8 @@ def main() -> None:
         out_t, lse_t = to_torch(out, "cuda"), to_torch(lse, "cuda")
         scales = Scales(problem.kv_scale, tensors.get("k_scale"), tensors.get("v_scale"))
         best, first = None, None
-        default = tile_config(shape.head_dim, shape.kv_dtype is not None)
+        default = tile_config(shape.head_dim, shape.kv_dtype is not None,
+                              batch=shape.batch)
         picked = choose_splits(shape.batch, shape.num_kv_heads, shape.context, mode.sm_count,
                                default["BLOCK_N"], default["waves"])
         if args.mla:  # the latent pool is k_pages; its value is a view, not an input

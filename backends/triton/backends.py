@@ -147,7 +147,8 @@ class TritonSplitKV(TritonBackend):
         from conformance.backends.triton.splitkv_kernel import splitkv_decode, tile_config
 
         tensors = self.inputs(problem)
-        config = tile_config(problem.head_dim, problem.kv_scale is not None)
+        config = tile_config(problem.head_dim, problem.kv_scale is not None,
+                             batch=problem.batch)
         splits = self.splits(problem, num_splits, config["BLOCK_N"], config["waves"])
         return partial(splitkv_decode, tensors["q"], tensors["k_pages"], tensors["v_pages"],
                        tensors["block_table"], tensors["context_lens"], out, lse,

@@ -279,15 +279,17 @@ def fp8_words(scales: Scales, out, head_dim: int, words: int = WORDS_V) -> int:
     return words
 
 
-def tile_config(head_dim: int, fp8: bool = False, rows: int = 16) -> dict:
+def tile_config(head_dim: int, fp8: bool = False, rows: int = 16, batch: int = 1) -> dict:
     """Launch parameters: the best worst-case of a sweep on an H200 at head_dim 128
     (benchmarks/sweep_splitkv.py); smaller tiles for wider heads, or more than 64 query rows
     (drafts x group), to bound registers. An fp8 tile holds half the bytes: a third stage in
     flight was faster at all seven gpu shapes (3-10%;
-    benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not."""
+    benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not; and with a batch
+    of 8 or more, four waves of programs instead of two (23% at 8 x 8192, 8% at 64 x 2048),
+    which cost 11-17% at batch 1 (h200-fp8/sweep-fp8-bit-moves-2026-12-03.json)."""
     block_n = 128 if head_dim <= 128 and rows <= 64 else 64
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2, "waves": 2,
-            "fp8_words": WORDS_V}
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2,
+            "waves": 4 if fp8 and batch >= 8 else 2, "fp8_words": WORDS_V}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
@@ -323,7 +325,8 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
         return
     query_tokens = triton.next_power_of_2(queries.max_query_len) if queries else 1
     rows = max(16, query_tokens * triton.next_power_of_2(group))
-    config = {**tile_config(head_dim, scales.kv_scale is not None, rows), **(config or {})}
+    config = {**tile_config(head_dim, scales.kv_scale is not None, rows, batch),
+              **(config or {})}
     if num_splits is None:
         longest = int(context_lens.max())
         if window is not None:
