@@ -73,6 +73,18 @@ class TvmBackend(Backend):
         self.device = self.tvm.cpu(0) if self.target == "llvm" else self.tvm.cuda(0)
 
     def unsupported_reason(self, case) -> str | None:
+        if case.query_lens is not None and case.window is not None:
+            return ("several query tokens with a sliding window: TVM's prefill kernel takes "
+                    "its window size at compile time (sliding_window_size) beside the cache's "
+                    "sink and offset, its tree kernel none; not adapted")
+        if case.query_lens is not None and case.mask == "all":
+            return ("every draft seeing every draft: TVM's tree kernel takes a tree (each "
+                    "draft's depth-first interval), which no such mask is")
+        if case.query_lens is not None and case.mask != "causal" and case.page_size != 16:
+            return (f"page size {case.page_size} with a draft tree: TVM's tree kernels "
+                    f"(tree_attn_with_paged_kv_cache and its CPU variant) take no page size "
+                    f"and read pages of 16 tokens only (on CUDA another size is refused: "
+                    f"'Mismatched pages.strides', H200)")
         reason = super().unsupported_reason(case)
         if reason or not self.built:
             return reason
@@ -197,30 +209,21 @@ class TvmCpu(TvmBackend):
     capabilities = replace(TvmBackend.capabilities, features=TvmBackend.capabilities.features
                            | {"multi_token", "draft_mask"})
 
-    def unsupported_reason(self, case) -> str | None:
-        if case.query_lens is not None and case.window is not None:
-            return ("several query tokens with a sliding window: TVM's prefill kernel takes "
-                    "its window size at compile time (sliding_window_size) beside the cache's "
-                    "sink and offset, its tree kernel none; not adapted")
-        if case.query_lens is not None and case.mask == "all":
-            return ("every draft seeing every draft: TVM's tree kernel takes a tree (each "
-                    "draft's depth-first interval), which no such mask is")
-        if case.query_lens is not None and case.mask != "causal" and case.page_size != 16:
-            return (f"page size {case.page_size} with a draft tree: TVM's CPU tree kernel "
-                    f"(tree_attn_with_paged_kv_cache_cpu) reads pages of 16 tokens only")
-        return super().unsupported_reason(case)
 
 
 class TvmCuda(TvmBackend):
     name = "tvm-cuda"
     description = ("TVM 0.27 _attention_decode and _merge_state_inplace, CUDA sm_90, from the "
-                   "installed apache-tvm or an ahead-of-time build; _attention_prefill_mla (one "
-                   "query token: a decode) for MLA, which has no CPU variant")
+                   "installed apache-tvm or an ahead-of-time build; _attention_prefill (causal) "
+                   "and tree_attn_with_paged_kv_cache (a draft tree) for several query tokens "
+                   "per sequence; _attention_prefill_mla (one query token: a decode) for MLA, "
+                   "which has no CPU variant")
     target = "cuda"
     capturable = False  # TVM launches on the legacy default stream: no CUDA-graph capture
     # from an ahead-of-time build alone (no compiler), only the shapes it holds are claimed
     capabilities = claims(Capabilities(features=frozenset({"lse", "merge", "sliding_window",
-                                                           "sinks"}), devices=("cuda",),
+                                                           "sinks", "multi_token",
+                                                           "draft_mask"}), devices=("cuda",),
                                        kinds=frozenset({"gqa", "mla"})), target)
 
     @classmethod
