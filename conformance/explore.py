@@ -67,6 +67,7 @@ class Exploration:
     seconds: float = 0.0
     findings: dict[str, Finding] = field(default_factory=dict)
     stopped_early: bool = False
+    interrupted: bool = False  # Ctrl-C or a timeout's TERM: what was found so far stands
     rounds: int = 0
     replayed: int = 0  # saved findings replayed from the database
     still_failing: int = 0  # of those, how many fail again
@@ -238,6 +239,8 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
                     break
     except TimeBudgetSpent:
         pass  # the smallest case of each finding so far stands
+    except KeyboardInterrupt:  # as for the time budget: report what was found, not a traceback
+        state.interrupted = True
     finally:
         state.seconds = clock() - started
     if saved is not None:

@@ -215,6 +215,20 @@ def test_a_failure_found_before_the_time_budget_is_spent_is_kept():
     assert "oracle/lse" in state.findings, sorted(state.findings)
 
 
+def test_an_interrupted_search_keeps_what_it_found():
+    # a timeout's TERM (or Ctrl-C) arrives as KeyboardInterrupt in the middle of a search
+    drawn = []
+
+    def interrupt_at_the_twentieth(case):
+        drawn.append(case)
+        if len(drawn) == 20:
+            raise KeyboardInterrupt
+
+    state = run_explore("tests.planted:Base2Lse", 100_000, observe=interrupt_at_the_twentieth)
+    assert state.interrupted and state.examples == 20, state.examples
+    assert "oracle/lse" in state.findings, sorted(state.findings)
+
+
 def test_explore_goes_on_searching_past_the_first_failure():
     state = run_explore("tests.planted:TwoShapeOnlyBugs", 400)
     families = {check.split("/")[0] for check in state.findings}

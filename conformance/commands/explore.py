@@ -17,7 +17,7 @@ from conformance.explore import (
     save_spec,
 )
 from conformance.inputs import InputError, check_directory, check_output, write_atomically
-from conformance.interrupts import stop_on_signals
+from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.runner import RunSettings, check_families
 
 
@@ -58,8 +58,11 @@ def handle_explore(args: argparse.Namespace) -> int:
         print(f"replayed {state.replayed} saved finding(s) from "
               f"{args.database / (backend.label + '.toml')} first: {state.still_failing} "
               f"still fail")
+    protect_reports()
+    ended = " (interrupted)" if state.interrupted else \
+        " (time budget reached)" if state.stopped_early else ""
     print(f"\nexplored {backend.label}: {state.examples} examples in {state.seconds:.1f}s"
-          f"{' (time budget reached)' if state.stopped_early else ''}, seed {args.seed}, "
+          f"{ended}, seed {args.seed}, "
           f"{state.rounds} round(s); "
           f"{len(state.findings)} failing check(s)")
     entries, rows = [], []
@@ -85,6 +88,9 @@ def handle_explore(args: argparse.Namespace) -> int:
         write_atomically(args.report_json, json.dumps(
             {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
              "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
-             "stopped_early": state.stopped_early, "rounds": state.rounds,
+             "stopped_early": state.stopped_early, "interrupted": state.interrupted,
+             "rounds": state.rounds,
              "findings": rows}, indent=1) + "\n")
+    if state.interrupted:
+        return 130
     return 1 if state.findings else 0
