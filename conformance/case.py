@@ -14,7 +14,7 @@ import numpy as np
 
 from conformance.dtypes import SHORT_NAMES, numpy_dtype
 
-GARBAGE_CHUNK = 1 << 24  # elements of garbage a layout draws at most (conformance.materialise)
+GARBAGE_CHUNK = 1 << 18  # elements of garbage a layout draws at most (conformance.materialise)
 
 DISTRIBUTIONS = {
     "normal": "q, k, v standard normal",

@@ -149,6 +149,26 @@ def test_no_case_matching_is_an_error_not_a_pass():
     assert result.returncode == 2 and "no case matches" in result.stderr
 
 
+SCHEDULE_FREE = ("created", "command", "machine", "durations")  # may differ between two runs
+
+
+@pytest.mark.parametrize("backend", ["numpy", "tests.planted:WindowOffByOne"])
+def test_the_json_report_is_the_same_however_the_run_is_scheduled(tmp_path, backend):
+    # the harness's speed-ups (parallel workers, in-process, what is drawn once and reused)
+    # must not change a verdict, an error or a message: the reports agree byte for byte
+    # but for when, where and how they were made
+    reports = {}
+    for name, how in (("isolated-j2", ("-j", "2")), ("in-process", ("--in-process",))):
+        path = tmp_path / f"{name}.json"
+        cli("run", "--backend", backend, "--profile", "smoke", *how, "--report-json", path)
+        report = json.loads(path.read_text())
+        for key in SCHEDULE_FREE:
+            report.pop(key)
+        reports[name] = json.dumps(report, sort_keys=True)
+    assert reports["isolated-j2"] == reports["in-process"]
+    assert '"status": "passed"' in reports["in-process"]
+
+
 def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
     serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
     args = ("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
