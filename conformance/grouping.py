@@ -4,6 +4,7 @@ unexpected failures by their cause, so that one bug is printed once."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from conformance.runner import Result, RunReport
@@ -78,3 +79,12 @@ def failure_groups(failures: list[Result]) -> list[FailureGroup]:
             result)
     return [FailureGroup(key[3], tuple(members)) for key, members in groups.items()]
 
+
+def results_by_family(results: Iterable[Result]) -> Iterator[tuple[str, str, dict[str, int]]]:
+    """(backend, family, {status: count}) in first-seen order."""
+    table: dict[tuple[str, str], dict[str, int]] = {}
+    for result in results:
+        counts = table.setdefault((result.backend, result.family), {})
+        counts[result.status] = counts.get(result.status, 0) + 1
+    for (backend, family), counts in table.items():
+        yield backend, family, counts

@@ -14,9 +14,9 @@ from typing import TextIO
 
 from conformance import machine
 from conformance.checks import CHECK_FAMILIES
-from conformance.grouping import failure_groups, known_groups
+from conformance.grouping import failure_groups, known_groups, results_by_family
 from conformance.inputs import write_atomically
-from conformance.runner import RunReport, results_by_family
+from conformance.runner import RunReport
 from conformance.status import FAILING, Status
 
 SCHEMA = "paged-decode-conformance/report/1"

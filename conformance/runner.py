@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -333,14 +333,21 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
     return CaseRecord(results_of(backend, case, outcomes, settings))
 
 
+def largest_first(tasks: list[tuple[BackendRun, Case]]) -> list[int]:
+    """The pool's order: backend by backend (a worker switching backends restarts its backend
+    worker), each one's largest cases first, so that no long case starts last."""
+    position = {key: k for k, key in enumerate(dict.fromkeys(id(b) for b, _ in tasks))}
+    return sorted(range(len(tasks)),
+                  key=lambda i: (position[id(tasks[i][0])], -tasks[i][1].problem_bytes))
+
+
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         progress: Callable[[int, int, str, int], None] | None = None,
         jobs: int = 1) -> RunReport:
     """Every family for every case on every backend; a backend fault never stops the run.
 
-    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``); results are
-    reported in the same order as a serial run. ``progress(done, total, label, failing)``
-    hears of each finished case, with the unexpected failures so far.
+    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``), reported in a
+    serial run's order. ``progress(done, total, label, failing)`` hears of each finished case.
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
@@ -364,8 +371,10 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
             from conformance.parallel import run_pool
 
             detached = {b.label: b.detached() for b in backends}
-            run_pool([(detached[b.label], c, settings) for b, c in tasks], _evaluate_in_worker,
-                     jobs, done, crashed)
+            order = largest_first(tasks)
+            run_pool([(detached[tasks[i][0].label], tasks[i][1], settings) for i in order],
+                     _evaluate_in_worker, jobs, lambda k, record: done(order[k], record),
+                     lambda k, exitcode: crashed(order[k], exitcode))
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))
@@ -389,12 +398,3 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
                 report.durations[(backend.label, case.id)] = record.seconds
     return report
 
-
-def results_by_family(results: Iterable[Result]) -> Iterator[tuple[str, str, dict[str, int]]]:
-    """(backend, family, {status: count}) in first-seen order."""
-    table: dict[tuple[str, str], dict[str, int]] = {}
-    for result in results:
-        counts = table.setdefault((result.backend, result.family), {})
-        counts[result.status] = counts.get(result.status, 0) + 1
-    for (backend, family), counts in table.items():
-        yield backend, family, counts
