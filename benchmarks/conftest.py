@@ -8,3 +8,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--bench-backend", default="numpy",
                     help="backend to time (registered name or module:Class); default numpy")
     group.addoption("--bench-shapes", default="cpu", help="shape set of bench.toml: cpu or gpu")
+    group.addoption("--harness-profile", default="smoke",
+                    help="profile the harness benchmark runs (test_harness_bench.py); "
+                         "default smoke, ci for issue 22's figures")
