@@ -333,21 +333,14 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
     return CaseRecord(results_of(backend, case, outcomes, settings))
 
 
-def largest_first(tasks: list[tuple[BackendRun, Case]]) -> list[int]:
-    """The pool's order: backend by backend (a worker switching backends restarts its backend
-    worker), each one's largest cases first, so that no long case starts last."""
-    position = {key: k for k, key in enumerate(dict.fromkeys(id(b) for b, _ in tasks))}
-    return sorted(range(len(tasks)),
-                  key=lambda i: (position[id(tasks[i][0])], -tasks[i][1].problem_bytes))
-
-
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         progress: Callable[[int, int, str, int], None] | None = None,
         jobs: int = 1) -> RunReport:
     """Every family for every case on every backend; a backend fault never stops the run.
 
-    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``), reported in a
-    serial run's order. ``progress(done, total, label, failing)`` hears of each finished case.
+    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``); results are
+    reported in the same order as a serial run. ``progress(done, total, label, failing)``
+    hears of each finished case, with the unexpected failures so far.
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
@@ -371,10 +364,8 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
             from conformance.parallel import run_pool
 
             detached = {b.label: b.detached() for b in backends}
-            order = largest_first(tasks)
-            run_pool([(detached[tasks[i][0].label], tasks[i][1], settings) for i in order],
-                     _evaluate_in_worker, jobs, lambda k, record: done(order[k], record),
-                     lambda k, exitcode: crashed(order[k], exitcode))
+            run_pool([(detached[b.label], c, settings) for b, c in tasks], _evaluate_in_worker,
+                     jobs, done, crashed)
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))

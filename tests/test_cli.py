@@ -169,21 +169,6 @@ def test_the_json_report_is_the_same_however_the_run_is_scheduled(tmp_path, back
     assert '"status": "passed"' in reports["in-process"]
 
 
-def test_a_pool_takes_each_backends_largest_cases_first():
-    from conformance.runner import largest_first
-    from conformance.selection import select_cases
-    from conformance.spec import default_spec
-
-    cases = select_cases(default_spec(), "ci")
-    first, second = object(), object()  # backends are told apart by identity only
-    tasks = [(backend, case) for backend in (first, second) for case in cases]
-    order = largest_first(tasks)
-    assert sorted(order) == list(range(len(tasks)))
-    assert [tasks[i][0] for i in order] == [first] * len(cases) + [second] * len(cases)
-    sizes = [tasks[i][1].problem_bytes for i in order[:len(cases)]]
-    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 100 * sizes[-1]
-
-
 def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
     serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
     args = ("run", "--backend", "tests.planted:WindowOffByOne", "--profile", "smoke")
