@@ -52,7 +52,9 @@ def claims(base: Capabilities, target: str) -> Capabilities:
 class TvmBackend(Backend):
     target: ClassVar[str] = "llvm"
     conventions = Conventions(lse_base=2.0, empty_lse=-5e4)
-    capabilities = Capabilities(features=frozenset({"lse", "merge", "sliding_window", "sinks"}))
+    # both targets: the decode kernel, and for several query tokens the prefill and tree kernels
+    capabilities = Capabilities(features=frozenset({"lse", "merge", "sliding_window", "sinks",
+                                                    "multi_token", "draft_mask"}))
 
     @classmethod
     def availability(cls) -> str | None:
@@ -206,9 +208,6 @@ class TvmCpu(TvmBackend):
                    "tree_attn_with_paged_kv_cache_cpu (a draft tree) for several query tokens "
                    "per sequence")
     target = "llvm"
-    capabilities = replace(TvmBackend.capabilities, features=TvmBackend.capabilities.features
-                           | {"multi_token", "draft_mask"})
-
 
 
 class TvmCuda(TvmBackend):
@@ -221,10 +220,8 @@ class TvmCuda(TvmBackend):
     target = "cuda"
     capturable = False  # TVM launches on the legacy default stream: no CUDA-graph capture
     # from an ahead-of-time build alone (no compiler), only the shapes it holds are claimed
-    capabilities = claims(Capabilities(features=frozenset({"lse", "merge", "sliding_window",
-                                                           "sinks", "multi_token",
-                                                           "draft_mask"}), devices=("cuda",),
-                                       kinds=frozenset({"gqa", "mla"})), target)
+    capabilities = claims(replace(TvmBackend.capabilities, devices=("cuda",),
+                                  kinds=frozenset({"gqa", "mla"})), target)
 
     @classmethod
     def availability(cls) -> str | None:
