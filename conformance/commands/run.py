@@ -33,8 +33,8 @@ def _check_run_inputs(args: argparse.Namespace) -> None:
 def handle_run(args: argparse.Namespace) -> int:
     _check_run_inputs(args)
     settings = settings_from(args, families=check_families(args.check or CHECK_FAMILIES),
-                         filtered=bool(args.patterns or args.case or args.check),
-                         allow_empty=args.allow_empty)
+                             filtered=bool(args.patterns or args.case or args.check),
+                             allow_empty=args.allow_empty)
     cases = select_cases(settings.spec(), args.profile, args.patterns, args.case)
     if not cases:
         print("error: no case matches the selection", file=sys.stderr)
