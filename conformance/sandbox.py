@@ -320,7 +320,7 @@ class IsolatedBackend(BackendHandle):
         def result() -> tuple[Any, Handed]:
             value = self._receive(name)
             index = {id(array): i for i, array in enumerate(segment.originals)}
-            return value, Handed(lambda array: segment.views[index[id(array)]],
+            return value, Handed(lambda array: segment.view(index[id(array)]),
                                  lambda array: segment.changed(index[id(array)]))
         return result
 

@@ -1,7 +1,8 @@
 """The channel between the harness and a backend's worker process.
 
-Harness to worker: a pickle (the harness is the trusted side) whose arrays travel in a shared
-memory segment handed over as a file descriptor. After the call the harness reads the outputs
+Harness to worker: a pickle (the harness is the trusted side) whose arrays travel in shared
+memory: an arena the worker maps once (handed over as a file descriptor) and each request
+reuses. After the call the harness reads the outputs
 the backend wrote there and compares the inputs it handed over with its own copies, byte for
 byte: purity is the harness's own observation, not the worker's word.
 
@@ -138,38 +139,78 @@ def _readable(sock: socket.socket) -> bool:
 # --- harness to worker: a pickle with its arrays in shared memory -----------------------------
 
 
+ARENA_MIN_BYTES = 1 << 20
+ARENA_SHRINK_BYTES = 1 << 26  # an arena past this is replaced when a message needs an eighth
+
+
+class Arena:
+    """Shared memory that one worker maps once and every request reuses.
+
+    A fresh segment per call cost a ``memfd``, a mapping on each side and a page fault per
+    page on each side, every call: 6 s of system time in a NumPy ``ci`` run. An arena is
+    replaced only to grow, or to give back a large one that messages no longer need."""
+
+    def __init__(self, size: int):
+        self.size = max(ARENA_MIN_BYTES, 1 << max(0, size - 1).bit_length())
+        self.fd = os.memfd_create("conformance-arena", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.generation = 0  # the placement whose views are valid
+
+    def fits(self, size: int) -> bool:
+        return size <= self.size and not (self.size > ARENA_SHRINK_BYTES and size * 8 < self.size)
+
+    def close_fd(self) -> None:
+        """Once the worker holds the arena, the harness needs only its mapping."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class Segment:
-    """The arrays of one message, copied into a shared memory segment the worker maps.
+    """The arrays of one message, copied into an arena the worker maps.
 
-    ``views[i]`` is array ``i`` as it lies in the segment now (what the backend left there);
-    ``originals[i]`` the harness's own array it was copied from."""
+    ``view(i)`` is array ``i`` as it lies in the arena now (what the backend left there),
+    ``originals[i]`` the harness's own array it was copied from. The views are valid until the
+    next message is placed in the same arena (one request is out at a time)."""
 
-    def __init__(self, arrays: list[np.ndarray]):
+    def __init__(self, arrays: list[np.ndarray], arena: Arena | None):
         self.originals = arrays
-        offsets, size = [], 0
-        for array in arrays:
-            size = -(-size // ALIGN) * ALIGN
-            offsets.append(size)
-            size += array.nbytes
-        self.fd = os.memfd_create("conformance-call", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, max(size, 1))
-        self.map = mmap.mmap(self.fd, max(size, 1))
-        self.layout = [(offset, array.dtype, array.shape) for offset, array
-                       in zip(offsets, arrays, strict=True)]
-        self.views = [view_in(self.map, *place) for place in self.layout]
+        self.arena = arena
+        self.layout = _layout(arrays)
+        if arena is None:
+            self.views: list[np.ndarray] = []
+            return
+        arena.generation += 1
+        self.generation = arena.generation
+        self.views = [view_in(arena.map, *place) for place in self.layout]
         for view, array in zip(self.views, arrays, strict=True):
             view[...] = array
+
+    def view(self, index: int) -> np.ndarray:
+        if self.arena.generation != self.generation:
+            raise RuntimeError("a segment read after the next message reused its arena")
+        return self.views[index]
 
     def changed(self, index: int) -> bool:
         """Whether array ``index`` differs, byte for byte, from the harness's own."""
         original = np.ascontiguousarray(self.originals[index]).reshape(-1)
-        return not np.array_equal(self.views[index].reshape(-1).view(np.uint8),
+        return not np.array_equal(self.view(index).reshape(-1).view(np.uint8),
                                   original.view(np.uint8))
 
-    def close_fd(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+
+def _layout(arrays: list[np.ndarray]) -> list[tuple[int, np.dtype, tuple[int, ...]]]:
+    layout, size = [], 0
+    for array in arrays:
+        size = -(-size // ALIGN) * ALIGN
+        layout.append((size, array.dtype, array.shape))
+        size += array.nbytes
+    return layout
+
+
+def _extent(layout: list[tuple[int, np.dtype, tuple[int, ...]]]) -> int:
+    return max((offset + math.prod(shape) * dtype.itemsize for offset, dtype, shape in layout),
+               default=0)
 
 
 def view_in(buffer: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -192,14 +233,19 @@ class _SharingPickler(pickle.Pickler):
         return None
 
 
-def pack_message(message: Any) -> tuple[bytes, Segment]:
-    """A message as a pickle whose arrays lie in a new segment."""
+def pack_message(message: Any, arena: Arena | None = None) -> tuple[bytes, Segment]:
+    """A message as a pickle whose arrays lie in ``arena``, or in a new arena when it is
+    missing or does not fit (``segment.arena`` then differs: its descriptor goes with the
+    message). A message without arrays uses no arena."""
     stream = io.BytesIO()
     pickler = _SharingPickler(stream)
     pickler.dump(message)
-    segment = Segment(pickler.arrays)
-    layout = pickle.dumps(segment.layout, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(layout)) + layout + stream.getvalue(), segment
+    layout = _layout(pickler.arrays)
+    if pickler.arrays and (arena is None or not arena.fits(_extent(layout))):
+        arena = Arena(_extent(layout))
+    segment = Segment(pickler.arrays, arena if pickler.arrays else None)
+    header = pickle.dumps(segment.layout, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(header)) + header + stream.getvalue(), segment
 
 
 class _SharingUnpickler(pickle.Unpickler):
@@ -211,18 +257,28 @@ class _SharingUnpickler(pickle.Unpickler):
         return self.arrays[pid]
 
 
+class Mapped:
+    """The worker's side of the arenas: the mapping of the last one the harness sent."""
+
+    def __init__(self) -> None:
+        self.map: mmap.mmap | None = None
+
+    def unpack(self, payload: bytes, fd: int | None) -> Any:
+        """The message ``pack_message`` made; its arrays are writable views of the arena.
+        ``fd``, when given, is a new arena that replaces the old one."""
+        if fd is not None:
+            self.map = mmap.mmap(fd, os.fstat(fd).st_size)
+            os.close(fd)
+        (length,) = HEADER.unpack_from(payload)
+        layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
+        arrays = [view_in(self.map, *place) for place in layout] if layout else []
+        stream = io.BytesIO(payload[HEADER.size + length:])
+        return _SharingUnpickler(stream, arrays).load()
+
+
 def unpack_message(payload: bytes, fd: int | None) -> Any:
-    """The worker's side of ``pack_message``: arrays are writable views of the segment."""
-    (length,) = HEADER.unpack_from(payload)
-    layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
-    arrays: list[np.ndarray] = []
-    if fd is not None:
-        size = os.fstat(fd).st_size
-        shared = mmap.mmap(fd, size)
-        os.close(fd)
-        arrays = [view_in(shared, *place) for place in layout]
-    stream = io.BytesIO(payload[HEADER.size + length:])
-    return _SharingUnpickler(stream, arrays).load()
+    """One message on its own (a fresh worker side): for tests and one-off readers."""
+    return Mapped().unpack(payload, fd)
 
 
 # --- worker to harness: data only -------------------------------------------------------------

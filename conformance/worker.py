@@ -24,7 +24,7 @@ import numpy as np
 
 from conformance.backends.base import AttentionState, Backend
 from conformance.problem import Problem
-from conformance.wire import encode_reply, receive_frame_blocking, send_frame, unpack_message
+from conformance.wire import Mapped, encode_reply, receive_frame_blocking, send_frame
 
 
 class BackendError(Exception):
@@ -212,12 +212,13 @@ def _answer(backend: Backend | None, message: tuple) -> tuple[list, Backend | No
 def serve(sock: socket.socket) -> None:
     """Answer the harness's requests until it sends None or goes away."""
     backend: Backend | None = None
+    arena = Mapped()
     while True:
         frame = receive_frame_blocking(sock)
         if frame is None:
             return
         payload, fds = frame
-        request = unpack_message(payload, fds[0] if fds else None)
+        request = arena.unpack(payload, fds[0] if fds else None)
         if request is None:
             return
         number, message = request
@@ -236,10 +237,18 @@ def _flush_output() -> None:
     """Everything the call printed, Python's buffers and C's, goes out before the reply."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if _C_FFLUSH is not None:
+        _C_FFLUSH(None)
+
+
+def _c_fflush() -> Callable[[Any], int] | None:
     try:
-        ctypes.CDLL(None).fflush(None)
+        return ctypes.CDLL(None).fflush
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+_C_FFLUSH = _c_fflush()  # looked up once: a dlopen per call cost more than the flush
 
 
 def main() -> None:

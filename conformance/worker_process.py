@@ -24,6 +24,7 @@ from typing import Any
 from conformance.backends.registry import UnknownBackendError
 from conformance.declared import Declared
 from conformance.wire import (
+    Arena,
     PeerGoneError,
     Segment,
     WireError,
@@ -59,19 +60,24 @@ class Worker:
             self.pidfd = None
         self.output = _OutputReader(self.process.stdout)
         self.number = 0  # the last request's: its reply must carry it
+        self.arena: Arena | None = None  # the shared memory the worker has mapped
 
     def send(self, message: Any, deadline: float | None) -> Segment:
         """Send a request; its arrays go in a shared segment the harness keeps. An OSError
         means the worker is gone (its exit status says more) or stopped reading."""
         self.number = secrets.randbits(62)  # unguessable: a forged reply cannot match it
-        payload, segment = pack_message((self.number, message))
+        payload, segment = pack_message((self.number, message), self.arena)
+        fresh = segment.arena if segment.arena is not self.arena else None
         try:
             self.sock.settimeout(None if deadline is None
                                  else max(0.001, deadline - time.monotonic()))
-            send_frame(self.sock, payload, (segment.fd,))
+            send_frame(self.sock, payload, (fresh.fd,) if fresh else ())
         finally:
-            segment.close_fd()
             self.sock.settimeout(None)
+            if fresh:  # the worker maps it on receipt; an arena it never got is not reused
+                fresh.close_fd()
+        if fresh:
+            self.arena = fresh
         return segment
 
     def receive(self, deadline: float | None) -> list | None:

@@ -73,7 +73,7 @@ def test_the_value_is_the_stored_latent_and_travels_as_a_view_of_it():
 
 def _packed(problem):
     payload, segment = pack_message(problem)  # as the harness sends it to a worker
-    return payload, os.dup(segment.fd)
+    return payload, os.dup(segment.arena.fd)
 
 
 def test_the_oracle_scores_latent_and_rope_and_returns_the_weighted_latents():

@@ -4,6 +4,7 @@ after the call; the worker's replies as validated plain data, never code."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import ml_dtypes
@@ -26,15 +27,13 @@ def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen():
     problem = materialise(make_case())
     out = np.full(problem.q.shape, np.nan, dtype=problem.dtype)  # NaN equals itself by bytes
     payload, segment = pack_message(("call", "decode", (problem, out)))
-    fd = segment.fd
-    segment.fd = -1  # handed over: the worker's side closes it
-    _, _, (theirs, their_out) = unpack_message(payload, fd)
+    _, _, (theirs, their_out) = unpack_message(payload, os.dup(segment.arena.fd))
     assert np.array_equal(theirs.k_pages, problem.k_pages) and theirs.sm_scale == problem.sm_scale
     index = {id(a): i for i, a in enumerate(segment.originals)}
     assert not any(segment.changed(i) for i in range(len(segment.originals)))
     their_out[0, 0, 0] = 1.0  # what the backend writes, the harness reads
     theirs.context_lens[0] += 1  # and what it scribbles on, the harness sees
-    assert segment.views[index[id(out)]][0, 0, 0] == 1.0
+    assert segment.view(index[id(out)])[0, 0, 0] == 1.0
     changed = {name for name, a in problem.arrays().items() if segment.changed(index[id(a)])}
     assert changed == {"context_lens"}
 
