@@ -13,7 +13,10 @@ import pytest
 
 from conformance.materialise import materialise
 from conformance.wire import (
+    ARENA_SHRINK_BYTES,
     HEADER,
+    Arena,
+    Mapped,
     WireError,
     decode_reply,
     encode_reply,
@@ -79,3 +82,23 @@ def test_a_reply_that_is_not_plain_data_is_refused(payload, what):
     with pytest.raises(WireError, match=what.replace("{", r"\{").replace("}", r"\}")
                        .replace("(", r"\(")):
         decode_reply(payload)
+
+
+def test_requests_reuse_one_arena_that_the_worker_maps_once():
+    small, large = np.arange(10, dtype=np.float32), np.zeros(1 << 19, dtype=np.float32)
+    payload, first = pack_message(("call", "x", (small,)))
+    worker = Mapped()
+    (_, _, (theirs,)) = worker.unpack(payload, os.dup(first.arena.fd))
+    assert np.array_equal(theirs, small)
+    first.arena.close_fd()
+    payload, second = pack_message(("call", "y", (small * 2,)), first.arena)
+    assert second.arena is first.arena  # no new descriptor travels
+    (_, _, (again,)) = worker.unpack(payload, None)
+    assert np.array_equal(again, small * 2)
+    with pytest.raises(RuntimeError, match="reused its arena"):
+        first.view(0)  # the first request's views are gone once the next is placed
+    _, grown = pack_message(("call", "z", (large, large + 1)), first.arena)
+    assert grown.arena is not first.arena and grown.arena.size >= 2 * large.nbytes
+    _, shrunk = pack_message(("call", "w", (small,)), Arena(ARENA_SHRINK_BYTES * 2))
+    assert shrunk.arena.size < ARENA_SHRINK_BYTES  # a large arena is given back
+    assert pack_message(("call", "notes", ()))[1].arena is None  # no arrays, no arena
