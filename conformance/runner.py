@@ -108,7 +108,15 @@ class BackendRun:
                 "capabilities": self.capabilities.describe(),
                 "conventions": self.declared.conventions.describe(),
                 "expectations": str(self.manifest.path) if self.manifest.path else "",
-                "notes": self.notes}
+                "notes": self.notes, "declared": self.declared.as_data()}
+
+    @classmethod
+    def recorded(cls, described: dict, manifest_dir: Path | None) -> BackendRun:
+        """A backend as a report recorded it: what ``merge`` judges shards by, with neither
+        the backend's code nor its libraries here (GPU shards merged on a CPU machine)."""
+        declared = Declared.from_data(described["declared"], described["target"])
+        return cls(declared.name, described["target"], declared,
+                   load_manifest(declared.name, manifest_dir))
 
 
 def open_backend(name: str, manifest_dir: Path | None = None, isolated: bool = True,

@@ -40,8 +40,9 @@ def shard_cases(cases: list[Case], shard: tuple[int, int]) -> list[Case]:
 
 def merge_reports(paths: list[Path]):
     """The ``RunReport`` a single run would have made, from the shards' JSON reports."""
+    from conformance.backends.registry import UnknownBackendError
     from conformance.checks import CHECK_FAMILIES
-    from conformance.runner import Result, RunReport, RunSettings, open_backends
+    from conformance.runner import BackendRun, Result, RunReport, RunSettings, open_backends
     from conformance.sandbox import Captured
     from conformance.summary import load_report
 
@@ -66,7 +67,13 @@ def merge_reports(paths: list[Path]):
                            families=tuple(first.get("families", CHECK_FAMILIES)),
                            manifest_dir=manifest_dir,
                            filtered=any(r.get("selected") for r in reports))
-    backends = open_backends([b["target"] for b in first["backends"]], manifest_dir)
+    if all("declared" in b for b in first["backends"]):
+        try:
+            backends = [BackendRun.recorded(b, manifest_dir) for b in first["backends"]]
+        except UnknownBackendError as exc:
+            raise InputError(f"shard report {str(paths[0])!r}: {exc}") from None
+    else:  # written before reports recorded declarations: ask the backends themselves
+        backends = open_backends([b["target"] for b in first["backends"]], manifest_dir)
     ran = {row["case"] for report in reports for row in report["results"]}
     cases = [c for c in settings.spec().cases(settings.profile) if c.id in ran]
     unknown = ran - {c.id for c in cases}
