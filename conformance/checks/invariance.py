@@ -8,12 +8,12 @@ token against what it sees, and the batch as two sub-batches.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from conformance.backends.base import AttentionState
-from conformance.checks.outcomes import run_each, unsupported
+from conformance.checks.outcomes import fault_outcome, unsupported
 from conformance.checks.trial import (
     Outcome,
     Trial,
@@ -27,6 +27,25 @@ from conformance.spec import with_changes
 from conformance.status import Status
 
 
+@dataclass(frozen=True)
+class Relaid:
+    """What one invariance decodes, and how its answer maps onto the base run's: the base's
+    sequences ``rows`` (all by default) against this problem's ``keep`` (all by default), its
+    output times ``out_factor`` (a transformation that scales the answer, undone)."""
+
+    problem: Problem
+    rows: list[int] | None = None
+    keep: list[int] | None = None
+    num_splits: int | None = None
+    out_factor: float = 1.0
+
+
+# (check, build, ahead): ``build`` makes the variant (or its outcome, when it cannot run);
+# ``ahead``: it is NumPy work alone, made while the backend decodes the variant before it.
+# A build that asks the backend anything runs in its own turn (one request at a time).
+Variant = tuple[str, Callable[[], "Relaid | Outcome"], bool]
+
+
 def check_invariance(trial: Trial) -> list[Outcome]:
     """Metamorphic checks: what must not change the answer."""
     base = trial.first_run
@@ -34,66 +53,88 @@ def check_invariance(trial: Trial) -> list[Outcome]:
         return [errored("invariance", base)]
     case, logical, problem = trial.case, trial.logical, trial.problem
     pad, shared = case.table_padding, case.shared_pages
-    variants: list[tuple[str, Callable[[], Outcome]]] = [
-        ("invariance/reshuffle", lambda: _same_answer(
-            trial, "invariance/reshuffle",
-            logical.lay_out(case.page_size, seed(case, "reshuffle"), pad, shared))),
-        ("invariance/wide-table", lambda: _same_answer(
-            trial, "invariance/wide-table",
-            logical.lay_out(case.page_size, seed(case, "wide-table"), pad + 50, shared))),
-        ("invariance/neighbours", lambda: _neighbours(trial)),
+    variants: list[Variant] = [
+        ("invariance/reshuffle", lambda: Relaid(
+            logical.lay_out(case.page_size, seed(case, "reshuffle"), pad, shared)), True),
+        ("invariance/wide-table", lambda: Relaid(
+            logical.lay_out(case.page_size, seed(case, "wide-table"), pad + 50, shared)), True),
+        ("invariance/neighbours", lambda: _neighbours(trial), True),
     ]
     if problem.batch > 1:
         order = list(range(problem.batch))[::-1]
-        variants.append(("invariance/batch-order", lambda: _same_answer(
-            trial, "invariance/batch-order",
+        variants.append(("invariance/batch-order", lambda: Relaid(
             logical.select(order).lay_out(case.page_size, seed(case, "batch-order"), pad),
-            rows=order)))
+            rows=order), True))
     if problem.group_size > 1 and problem.kind == "gqa":  # an MLA latent is one head by design
-        variants.append(("invariance/gqa-as-mha", lambda: _as_mha(trial)))
+        variants.append(("invariance/gqa-as-mha", lambda: _as_mha(trial), False))
     if "split_k" in trial.has:
         for count in trial.backend.capabilities.split_counts:
-            variants.append((f"invariance/split-count-{count}", lambda count=count: _same_answer(
-                trial, f"invariance/split-count-{count}", problem, num_splits=count)))
+            variants.append((f"invariance/split-count-{count}",
+                             lambda count=count: Relaid(problem, num_splits=count), True))
     else:
         variants.append(("invariance/split-count",
                          lambda: unsupported("invariance/split-count",
-                                             "feature split_k not in capabilities")))
-    variants.append(("invariance/page-size", lambda: _other_page_size(trial)))
+                                             "feature split_k not in capabilities"), True))
+    variants.append(("invariance/page-size", lambda: _other_page_size(trial), False))
     if problem.k_scale is not None:
-        variants.append(("invariance/kv-scale", lambda: _rescaled(trial)))
+        variants.append(("invariance/kv-scale", lambda: _rescaled(trial), True))
     if problem.query_lens is not None:
-        variants.append(("invariance/drafts-alone", lambda: _drafts_alone(trial)))
+        variants.append(("invariance/drafts-alone", lambda: _drafts_alone(trial), True))
         if problem.batch > 1:
-            variants.append(("invariance/sub-batches", lambda: _sub_batches(trial)))
-    return run_each(variants)
+            variants.append(("invariance/sub-batches", lambda: _sub_batches(trial), False))
+    return _run_variants(trial, variants)
 
 
-def _same_answer(trial: Trial, check: str, problem: Problem, rows: list[int] | None = None,
-                 num_splits: int | None = None, keep: list[int] | None = None,
-                 out_factor: float = 1.0) -> Outcome:
-    """Decode a re-laid problem and compare with the base run: the base's sequences
-    ``rows`` (all by default) against the new problem's sequences ``keep`` (all by default),
-    query row by query row, its output times ``out_factor`` (a transformation that scales
-    the answer, undone)."""
-    run = trial.decode(problem, num_splits=num_splits)
+def _run_variants(trial: Trial, variants: list[Variant]) -> list[Outcome]:
+    """Each variant decoded and compared, in order; one that raises is an ``error`` outcome
+    and the others still run. The next variant is built while the backend decodes this one:
+    the harness's NumPy work and the worker's decode overlap."""
+    built: dict[int, Relaid | Outcome] = {}
+
+    def build(index: int) -> None:
+        check, make, _ = variants[index]
+        try:
+            built[index] = make()
+        except Exception as exc:  # a backend fault is a result
+            built[index] = fault_outcome(check, exc)
+
+    outcomes = []
+    for index, (check, _, _) in enumerate(variants):
+        if index not in built:
+            build(index)
+        made = built.pop(index)
+        ahead = index + 1 < len(variants) and variants[index + 1][2]
+        meanwhile = (lambda after=index + 1: build(after)) if ahead else None
+        try:
+            outcomes.append(made if isinstance(made, Outcome)
+                            else _same_answer(trial, check, made, meanwhile))
+        except Exception as exc:
+            outcomes.append(fault_outcome(check, exc))
+    return outcomes
+
+
+def _same_answer(trial: Trial, check: str, variant: Relaid,
+                 meanwhile: Callable[[], object] | None = None) -> Outcome:
+    """Decode a re-laid problem and compare with the base run, query row by query row."""
+    problem = variant.problem
+    run = trial.decode(problem, num_splits=variant.num_splits, meanwhile=meanwhile)
     if run.exception:
         return Outcome(check, Status.ERROR, message=run.exception)
     base = trial.first_run
     want_out, want_lse = base.out, base.lse
-    if rows is not None:
-        token_rows = trial.problem.rows_of(rows)
+    if variant.rows is not None:
+        token_rows = trial.problem.rows_of(variant.rows)
         want_out, want_lse = want_out[token_rows], want_lse[token_rows]
-    got = AttentionState(np.asarray(run.out, np.float64) * out_factor if out_factor != 1.0
-                         else run.out, run.lse)
-    if keep is not None:
-        token_rows = problem.rows_of(keep)
+    got = AttentionState(np.asarray(run.out, np.float64) * variant.out_factor
+                         if variant.out_factor != 1.0 else run.out, run.lse)
+    if variant.keep is not None:
+        token_rows = problem.rows_of(variant.keep)
         got = AttentionState(got.out[token_rows], got.lse[token_rows])
     return trial.compare(check, got, np.asarray(want_out, np.float64), want_lse,
                          what=check.split("/", 1)[1])
 
 
-def _neighbours(trial: Trial) -> Outcome:
+def _neighbours(trial: Trial) -> Relaid:
     """Each sequence gets new neighbours (fresh sequences of other lengths between its rows)."""
     logical, case = trial.logical, trial.case
     rng = np.random.default_rng(seed(case, "neighbours"))
@@ -104,20 +145,20 @@ def _neighbours(trial: Trial) -> Outcome:
         parts.append(logical.select([b]))
     problem = LogicalKV.concat(parts).lay_out(case.page_size, seed(case, "neighbour-layout"),
                                               case.table_padding)
-    return _same_answer(trial, "invariance/neighbours", problem, keep=keep)
+    return Relaid(problem, keep=keep)
 
 
-def _as_mha(trial: Trial) -> Outcome:
+def _as_mha(trial: Trial) -> Relaid | Outcome:
     """KV heads repeated so that every query head has its own: GQA as MHA."""
     case, logical, g = trial.case, trial.logical, trial.problem.group_size
     reason = trial.backend.unsupported_reason(with_changes(case, num_kv_heads=case.num_qo_heads))
     if reason:
         return unsupported("invariance/gqa-as-mha", reason)
-    return _same_answer(trial, "invariance/gqa-as-mha", logical.repeat_heads(g).lay_out(
-        case.page_size, seed(case, "gqa-as-mha"), case.table_padding))
+    return Relaid(logical.repeat_heads(g).lay_out(case.page_size, seed(case, "gqa-as-mha"),
+                                                  case.table_padding))
 
 
-def _rescaled(trial: Trial) -> Outcome:
+def _rescaled(trial: Trial) -> Relaid:
     """The same fp8 codes read with K scales doubled and V scales halved, the query halved to
     match: the scores stay and the output halves, exactly. A kernel that holds the scales it
     saw first (or bakes them into a compiled kernel) answers the old problem."""
@@ -125,21 +166,21 @@ def _rescaled(trial: Trial) -> Outcome:
     # the canonical layout: the problem differs from the base run's in its scales alone
     problem = trial.logical.rescaled(2.0, 0.5).lay_out(
         case.page_size, canonical_layout_seed(case), case.table_padding, case.shared_pages)
-    return _same_answer(trial, "invariance/kv-scale", problem, out_factor=2.0)
+    return Relaid(problem, out_factor=2.0)
 
 
-def _other_page_size(trial: Trial) -> Outcome:
+def _other_page_size(trial: Trial) -> Relaid | Outcome:
     case = trial.case
     candidates = [case.page_size * 2, max(1, case.page_size // 2), 16, 1]
     for size in candidates:
         if size != case.page_size and not trial.backend.unsupported_reason(
                 with_changes(case, page_size=size)):
-            problem = trial.logical.lay_out(size, seed(case, "page-size"), case.table_padding)
-            return _same_answer(trial, "invariance/page-size", problem)
+            return Relaid(trial.logical.lay_out(size, seed(case, "page-size"),
+                                                case.table_padding))
     return unsupported("invariance/page-size", "no other page size in capabilities")
 
 
-def _drafts_alone(trial: Trial) -> Outcome:
+def _drafts_alone(trial: Trial) -> Relaid | Outcome:
     """Each query token decoded alone, as one token per sequence against the tokens it
     sees, through the same backend: a multi-token decode is its drafts' one-token decodes.
     Where every row sees a prefix of its sequence (causal, a chain, a tree's first branch)
@@ -159,8 +200,8 @@ def _drafts_alone(trial: Trial) -> Outcome:
     else:
         single = replace(trial.logical.per_token().take(
             [problem.kept(r) for r in range(problem.tokens)]), window=None, sinks=0)
-    return _same_answer(trial, check, single.lay_out(case.page_size, seed(case, "drafts-alone"),
-                                                     case.table_padding))
+    return Relaid(single.lay_out(case.page_size, seed(case, "drafts-alone"),
+                                 case.table_padding))
 
 
 def _sub_batches(trial: Trial) -> Outcome:
@@ -169,8 +210,9 @@ def _sub_batches(trial: Trial) -> Outcome:
     case, logical, half = trial.case, trial.logical, trial.problem.batch // 2
     outcome = None
     for part, rows in enumerate((list(range(half)), list(range(half, trial.problem.batch)))):
-        outcome = _same_answer(trial, "invariance/sub-batches", logical.select(rows).lay_out(
-            case.page_size, seed(case, "sub-batches") + part, case.table_padding), rows=rows)
+        half_problem = logical.select(rows).lay_out(case.page_size, seed(case, "sub-batches")
+                                                    + part, case.table_padding)
+        outcome = _same_answer(trial, "invariance/sub-batches", Relaid(half_problem, rows=rows))
         if outcome.status != Status.PASSED:
             return outcome
     return outcome

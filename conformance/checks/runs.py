@@ -14,7 +14,6 @@ from conformance.checks.trial import (
     errored,
 )
 from conformance.dtypes import numpy_dtype
-from conformance.materialise import materialise
 from conformance.problem import POISONS
 from conformance.status import Status
 from conformance.tolerances import ROUNDING_SAMPLE, ROUNDING_SHARE, Budget, output_error
@@ -111,8 +110,7 @@ def _masked_nan(trial: Trial) -> Outcome:
     """The same problem with NaN, not garbage, where nothing may be read: reading masked slots
     and zeroing their weight passes ``oracle`` but turns this NaN into output."""
     check = "poison/masked-nan"
-    problem = materialise(trial.case, masked="nan")
-    run = trial.decode(problem, POISONS[1])
+    run = trial.decode(trial.nan_masked, POISONS[1])
     if run.exception:
         return errored(check, run)
     bad_out = np.isnan(np.asarray(run.out, dtype=np.float64)).any(axis=-1)
