@@ -35,6 +35,8 @@
 #        and, for tvm-cuda, .tvm-runtime/ and .aot/ holding the MLA kernels
 #   bash benchmarks/gpu_session.sh explore-variants    # explore --fp8 on the fp8 backends and
 #        explore (which draws the modifiers where claimed) on the modifier ones, side by side
+#   bash benchmarks/gpu_session.sh speed               # issue 22: SPEED_BACKEND's ci cold and
+#        warm, numpy's ci, then SPEED_BACKEND's full warm (cut at FULL_TIMEOUT), -j JOBS (16)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -282,6 +284,27 @@ PY
       grep -v "cases, " "$OUT/$name.log" | tail -30 | cut -c1-400 | tee -a "$OUT/index-widths.txt"
       rm -f "$OUT/$name.log"; gzip -f "$OUT/$name.json" 2>/dev/null
     done
+    ;;
+  speed)
+    # issue 22: the harness's own speed. SPEED_BACKEND (triton-splitkv) ci with cold compile
+    # caches, then warm; numpy ci; then full, warm, cut at FULL_TIMEOUT seconds
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    jobs=${JOBS:-16}
+    timed() {  # NAME TIMEOUT ARGS...: one run, its wall time and exit status in runs.txt
+      local name=$1 limit=$2 start rc; shift 2
+      start=$(date +%s.%N)
+      timeout "$limit" python3 -m conformance run -j "$jobs" --durations 12 \
+        --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+      rc=$?
+      echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s" \
+        | tee -a "$OUT/runs.txt"
+      tail -16 "$OUT/$name.log" >> "$OUT/runs.txt"
+      gzip -f "$OUT/$name.json" 2>/dev/null
+    }
+    timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
+    timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
+    timed "ci-numpy" 300 --backend numpy --profile ci
+    timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
