@@ -29,6 +29,7 @@ from conformance.wire import (
     PeerGoneError,
     Segment,
     WireError,
+    same_bytes,
 )
 from conformance.worker import (
     CALLS,
@@ -226,9 +227,8 @@ class InProcessBackend(BackendHandle):
 
         def changed(array: np.ndarray) -> bool:
             mine = copies[id(array)]
-            return mine.shape != array.shape or mine.dtype != array.dtype or not np.array_equal(
-                np.ascontiguousarray(mine).reshape(-1).view(np.uint8),
-                np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+            return mine.shape != array.shape or mine.dtype != array.dtype or not same_bytes(
+                mine, array)
         handed = Handed(lambda array: copies[id(array)], changed)
         return lambda: (result, handed)
 

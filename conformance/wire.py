@@ -194,9 +194,27 @@ class Segment:
 
     def changed(self, index: int) -> bool:
         """Whether array ``index`` differs, byte for byte, from the harness's own."""
-        original = np.ascontiguousarray(self.originals[index]).reshape(-1)
-        return not np.array_equal(self.view(index).reshape(-1).view(np.uint8),
-                                  original.view(np.uint8))
+        return not same_bytes(self.view(index), self.originals[index])
+
+
+COMPARED_BYTES = 1 << 24  # how much ``same_bytes`` compares at once (its temporary: a 16th)
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bytes (a NaN equals itself, -0.0 differs from 0.0).
+
+    Eight bytes at a time, in slices: ``np.array_equal`` over bytes took 368 ms for 100 MB
+    and a temporary as large; as 64-bit words, 15 ms, after every call of a long case."""
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    if x.size != y.size:
+        return False
+    words = x.size // 8 * 8
+    for start in range(0, words, COMPARED_BYTES):
+        end = min(words, start + COMPARED_BYTES)
+        if not np.array_equal(x[start:end].view(np.uint64), y[start:end].view(np.uint64)):
+            return False
+    return np.array_equal(x[words:], y[words:])
 
 
 def _layout(arrays: list[np.ndarray]) -> list[tuple[int, np.dtype, tuple[int, ...]]]:
