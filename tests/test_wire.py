@@ -105,7 +105,7 @@ def test_requests_reuse_one_arena_that_the_worker_maps_once():
     assert pack_message(("call", "notes", ()))[1].arena is None  # no arrays, no arena
 
 
-@pytest.mark.parametrize("size", [0, 5, 8, 13, (1 << 16) + 3])
+@pytest.mark.parametrize("size", [0, 5, 8, 13, (1 << 16) + 3, (1 << 17) + 5])
 def test_same_bytes_sees_one_flipped_byte_anywhere(size, monkeypatch):
     monkeypatch.setattr("conformance.wire.COMPARED_BYTES", 64)  # many slices, a tail
     a = np.arange(size).astype(np.uint8)
