@@ -217,19 +217,19 @@ class Trial:
                                self.problem.sink_logits)
 
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per query row, the kept keys and values in float64, ``(n, num_qo_heads, d)``
-        each (the values a quantized cache's codes denote)."""
+        """Per query row, the kept keys and values in float64, ``(n, num_kv_heads, d)``
+        each (the values a quantized cache's codes denote); query head h reads KV head
+        ``h // group_size``."""
         return self.shared(("kept_kv",), self._kept_kv)
 
     def _kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         problem = self.problem
-        heads = np.arange(problem.num_qo_heads) // problem.group_size
         keys, values = [], []
         for r, b in enumerate(problem.row_sequence):
             k, v = gather_sequence(problem.k_pages, problem.v_pages, problem.block_table[b],
                                    problem.kept(r), problem.k_scale, problem.v_scale)
-            keys.append(_per_query_head(k.astype(np.float64), heads))
-            values.append(_per_query_head(v.astype(np.float64), heads))
+            keys.append(k.astype(np.float64))
+            values.append(v.astype(np.float64))
         return keys, values
 
     @cached_property
@@ -344,14 +344,6 @@ class Trial:
                 return Outcome(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
                     out_budget, admitted) + suffix)
         return Outcome(check, Status.PASSED, error, budget)
-
-
-def _per_query_head(kv: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    """``(n, num_qo_heads, d)`` from ``(n, num_kv_heads, d)``: one KV head (MQA, an MLA
-    latent) as a read-only broadcast, not 128 copies of a long context."""
-    if kv.shape[1] == 1:
-        return np.broadcast_to(kv, (kv.shape[0], heads.size, kv.shape[2]))
-    return kv[:, heads]
 
 
 def reversed_dims(problem: Problem) -> Problem:
