@@ -311,6 +311,9 @@ class IsolatedBackend(BackendHandle):
     # - calls -
 
     def submit(self, name: str, *args: Any) -> Callable[[], tuple[Any, Handed]]:
+        if self.busy:  # the worker answers one request at a time; work done meanwhile
+            raise RuntimeError(f"{name} asked while a request to {self.label} is out: the "
+                               f"harness's work beside a call must not call the backend")
         if self.unavailable or self.fault:
             raise BackendError(self.unavailable or f"not run: {self.fault}")
         if self.worker is None:

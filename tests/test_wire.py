@@ -116,3 +116,24 @@ def test_same_bytes_sees_one_flipped_byte_anywhere(size, monkeypatch):
         assert not same_bytes(a, b)
     nan = np.array([np.nan, -0.0], dtype=np.float32)
     assert same_bytes(nan, nan.copy()) and not same_bytes(nan, np.array([np.nan, 0.0], np.float32))
+
+
+def test_no_second_request_goes_out_while_one_is():
+    """What the harness does beside a call (``meanwhile``) must not call the backend: the
+    worker answers one request at a time, and a second would take the first one's reply."""
+    from conformance.runner import open_backend
+
+    backend = open_backend("numpy")
+    handle = backend.connect()
+    problem = materialise(make_case())
+    out = np.empty((problem.tokens, problem.num_qo_heads, problem.head_dim_v), problem.dtype)
+    lse = np.empty((problem.tokens, problem.num_qo_heads), np.float32)
+    try:
+        waiting = handle.submit_decode(problem, out, lse, None)
+        with pytest.raises(RuntimeError, match="while a request to numpy is out"):
+            handle.call("device")
+        got, _, mutated = waiting()
+        assert np.isfinite(got).all() and not mutated
+        assert handle.call("device") == "cpu"  # and once answered, the next goes out
+    finally:
+        backend.disconnect()
