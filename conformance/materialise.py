@@ -15,14 +15,13 @@ is held to the budget of the query/output dtype, not to a quantization tolerance
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements drawn
-from conformance.dtypes import dtype_name, numpy_dtype, quantize
+from conformance.dtypes import numpy_dtype
+from conformance.garbage import unread_pages
 from conformance.problem import Problem
 from conformance.references import kept_tokens
 from conformance.spec import Case
@@ -35,11 +34,6 @@ from conformance.variants import (
     separate_drafts,
     stored,
 )
-
-MASKED_FILLS = ("garbage", "nan")
-GARBAGE_SCORE = 20.0  # standard deviation of a garbage key's score against a normal query
-GARBAGE_VALUE = 1000.0  # magnitude of a garbage value (an fp8 cache saturates it)
-GARBAGE_BANK_SEED = 0x6A7BA6E  # the process's garbage values (``_garbage_bank``)
 
 
 @dataclass(frozen=True)
@@ -153,14 +147,8 @@ class LogicalKV:
                         table[b, j] = table[0, j]
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         quant = self.quantization
-        if masked not in MASKED_FILLS:
-            raise ValueError(f"masked fill {masked!r}; known: {', '.join(MASKED_FILLS)}")
-        if masked == "nan":
-            k_pages, v_pages = _nan_pages(shape, self.keys[0].dtype)
-        else:
-            k_pages, v_pages = _garbage(rng, shape, self.keys[0].dtype,
-                                        GARBAGE_SCORE / (math.sqrt(head_dim) * self.sm_scale),
-                                        quant)
+        k_pages, v_pages = unread_pages(masked, rng, shape, self.keys[0].dtype,
+                                        self.sm_scale, quant)
         if self.kv_lora_rank is not None:  # MLA: the values are the keys' latents, stored once
             v_pages = k_pages[..., :self.kv_lora_rank]
         k_scale = v_scale = None
@@ -288,63 +276,6 @@ class LogicalKV:
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return None if array is None else array.copy()
 
-
-
-def _nan_pages(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Pages of NaN; an e5m2 cache's keys hold +inf instead (the format has one, e4m3fn not)."""
-    k_pages = np.full(shape, np.inf if dtype_name(dtype) == "float8_e5m2" else np.nan,
-                      dtype=dtype)
-    return k_pages, np.full(shape, np.nan, dtype=dtype)
-
-
-def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_scale: float,
-             quant: Quantization | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Garbage K (normal, scores of ~``GARBAGE_SCORE``) and V (+-``GARBAGE_VALUE``) pages;
-    in a quantized cache, codes for them at the scale of a slot nothing reads (saturating).
-
-    At most ``GARBAGE_CHUNK`` elements of each are made; a larger pool repeats them (a pool
-    of 2^32 elements would take minutes to draw, and garbage needs no more variety than a
-    wrong page meeting values far off the answer). They are a window, at offsets ``rng``
-    draws, of values drawn once per process (``_garbage_bank``)."""
-    pages = max(1, min(shape[0], GARBAGE_CHUNK // max(1, math.prod(shape[1:]))))
-    drawn = (pages, *shape[1:])
-    k_raw, v_raw = _garbage_values(rng, drawn)
-    k_block, v_block = k_raw * np.float32(key_scale), v_raw * np.float32(GARBAGE_VALUE)
-    if quant is None:
-        k_block, v_block = k_block.astype(dtype), v_block.astype(dtype)
-    else:
-        k_block = quantize(k_block, quant.k_fill[:, None], quant.dtype)
-        v_block = quantize(v_block, quant.v_fill[:, None], quant.dtype)
-    if pages == shape[0]:
-        return k_block, v_block
-    k_pages, v_pages = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
-    for start in range(0, shape[0], pages):
-        rows = min(pages, shape[0] - start)
-        k_pages[start:start + rows] = k_block[:rows]
-        v_pages[start:start + rows] = v_block[:rows]
-    return k_pages, v_pages
-
-
-def _garbage_values(rng: np.random.Generator, shape: tuple[int, ...]
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Standard normals and random signs (float32) of ``shape``: windows of the bank at two
-    offsets, or (a page larger than the bank's window) drawn here."""
-    count = math.prod(shape)
-    if count > GARBAGE_CHUNK:
-        return (rng.standard_normal(shape, dtype=np.float32),
-                np.where(rng.random(shape) < 0.5, np.float32(-1), np.float32(1)))
-    normals, signs = _garbage_bank()
-    k_at, v_at = (int(i) for i in rng.integers(0, GARBAGE_CHUNK, size=2))
-    return (normals[k_at:k_at + count].reshape(shape), signs[v_at:v_at + count].reshape(shape))
-
-
-@functools.cache
-def _garbage_bank() -> tuple[np.ndarray, np.ndarray]:
-    """Twice ``GARBAGE_CHUNK`` normals and signs, drawn once per process: drawing them for
-    every layout (17 per case) was a sixth of a NumPy ``ci`` run."""
-    rng = np.random.default_rng(GARBAGE_BANK_SEED)
-    return (rng.standard_normal(2 * GARBAGE_CHUNK, dtype=np.float32),
-            np.where(rng.random(2 * GARBAGE_CHUNK) < 0.5, np.float32(-1), np.float32(1)))
 
 
 def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
