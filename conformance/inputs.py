@@ -99,6 +99,16 @@ def check_output(path: str | Path, what: str) -> None:
         raise InputError(f"{what} {str(path)!r}: the directory {str(folder)!r} is not writable")
 
 
+def check_outputs(args: object, options: tuple[str, ...]) -> None:
+    """The files a command's ``options`` (argparse destinations) name: each writable, and no
+    two the same file."""
+    named = {"--" + option.replace("_", "-"): getattr(args, option, None) for option in options}
+    for flag, path in named.items():
+        if path is not None:
+            check_output(path, flag)
+    check_distinct(named)
+
+
 def check_distinct(paths: dict[str, str | Path | None]) -> None:
     """Refuse one file named for two outputs: the second would overwrite the first."""
     seen: dict[str, str] = {}

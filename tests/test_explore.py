@@ -168,6 +168,9 @@ def test_explore_refuses_bad_input_with_exit_2(tmp_path):
     assert "--max-examples: must be a positive integer, got 0" in result.stderr
     result = cli("explore", "--backend", "numpy", "--save-spec", tmp_path / "no" / "x.toml")
     assert result.returncode == 2 and "does not exist" in result.stderr
+    same = tmp_path / "x.out"  # one file for both outputs: the second would overwrite it
+    result = cli("explore", "--backend", "numpy", "--save-spec", same, "--report-json", same)
+    assert result.returncode == 2 and "the same file as --save-spec" in result.stderr
 
 
 def test_a_backend_with_kernel_instances_is_explored_inside_them_and_shrunk_there():

@@ -16,7 +16,7 @@ from conformance.explore import (
     print_progress,
     save_spec,
 )
-from conformance.inputs import InputError, check_directory, check_output, write_atomically
+from conformance.inputs import InputError, check_directory, check_outputs, write_atomically
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.runner import RunSettings, check_families
 
@@ -29,9 +29,7 @@ def handle_explore(args: argparse.Namespace) -> int:
         print("error: explore searches with Hypothesis, which is not installed here: pip install "
               "'paged-decode-conformance[explore]'", file=sys.stderr)
         return 2
-    for option in ("save_spec", "report_json"):
-        if getattr(args, option) is not None:
-            check_output(getattr(args, option), "--" + option.replace("_", "-"))
+    check_outputs(args, ("save_spec", "report_json"))
     if args.expectations is not None:
         check_directory(args.expectations, "--expectations")
     if args.database is not None and args.database.exists() and not args.database.is_dir():

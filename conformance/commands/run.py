@@ -10,7 +10,7 @@ from conformance.accuracy import drift_results, load_accuracy, save_accuracy
 from conformance.backends.registry import known_backends
 from conformance.checks import CHECK_FAMILIES
 from conformance.commands import job_count, loading, open_named, settings_from
-from conformance.inputs import check_directory, check_distinct, check_output
+from conformance.inputs import check_directory, check_outputs
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
 from conformance.runner import check_families, open_backends, run
@@ -23,11 +23,7 @@ def _check_run_inputs(args: argparse.Namespace) -> None:
     """Every path option, before anything runs: a typo costs a second, not a whole run."""
     if getattr(args, "expectations", None) is not None:
         check_directory(args.expectations, "--expectations")
-    for option in REPORT_OPTIONS:
-        if getattr(args, option, None) is not None:
-            check_output(getattr(args, option), "--" + option.replace("_", "-"))
-    check_distinct({"--" + option.replace("_", "-"): getattr(args, option, None)
-                    for option in REPORT_OPTIONS})
+    check_outputs(args, REPORT_OPTIONS)
 
 
 def handle_run(args: argparse.Namespace) -> int:
