@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conformance.backends.registry import UnknownBackendError
+from conformance.caches import use_cache_dir
 from conformance.checks import CHECK_FAMILIES
 from conformance.commands.listing import handle_backends, handle_list, handle_new_backend
 from conformance.commands.reports import handle_compare, handle_html, handle_summary
@@ -90,6 +91,10 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
                              "no isolation, no case timeout, its output not captured")
     worker.add_argument("--expectations", type=Path,
                         help="directory of expectation manifests (default: expectations/)")
+    worker.add_argument("--cache-dir", type=Path,
+                        help="where Triton, Inductor and FlashInfer keep compiled kernels "
+                             "(default: ~/.cache/paged-decode-conformance, unless their own "
+                             "variables are set)")
     parallel = argparse.ArgumentParser(add_help=False)
     parallel.add_argument("-j", "--jobs", type=_jobs, default=1,
                           help="cases in parallel (0: one per CPU core)")
@@ -247,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "profile", "") is None:
         args.profile = PROFILE_DEFAULTS.get(args.command, "ci")
     try:
+        if hasattr(args, "cache_dir"):  # a command that loads backends
+            use_cache_dir(args.cache_dir)
         return args.handler(args)
     except BrokenPipeError:  # `list | head`: the reader left; not an error of ours
         sys.stderr.close()

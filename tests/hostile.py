@@ -310,3 +310,14 @@ class MergeReturnsWrongDtypes(NumpySplitK):
     def merge(self, a, b):
         merged = super().merge(a, b)
         return AttentionState(out=merged.out.astype(np.float64), lse=merged.lse.astype(np.float16))
+
+
+class NotesItsCacheDirs(NumpySplitK):
+    """Says, in its notes, where its worker's compile caches are (``--cache-dir``)."""
+
+    name = "notes-cache-dirs"
+
+    def notes(self) -> list[str]:
+        from conformance.caches import CACHE_VARIABLES
+
+        return [f"{variable}={os.environ.get(variable, '')}" for variable in CACHE_VARIABLES]

@@ -1,22 +1,16 @@
 """``python -m conformance`` as a user runs it: commands, exit codes, reports, faults."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conformance.cli import main
 from conformance.spec import default_spec
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+from tests.run_cli import ROOT, cli
 
 
 def test_backends_lists_numpy_with_capabilities(capsys):
@@ -296,3 +290,31 @@ def test_progress_says_the_time_left_and_the_failures_and_fits_the_terminal(monk
     report_module.Progress(terminal)(1, 300, "numpy " + "x" * 200, 1)
     line = terminal.getvalue()
     assert line.startswith("\r[") and len(line) == 1 + 59 and "1 failing" in line
+
+
+def test_compile_caches_live_under_one_folder_that_the_workers_inherit(tmp_path):
+    """``--cache-dir``: Triton's, Inductor's and FlashInfer's caches under one folder (one CI
+    cache step keeps them all), seen by the backend in its worker process."""
+    report = tmp_path / "report.json"
+    result = cli("run", "--backend", "tests.hostile:NotesItsCacheDirs", "--profile", "smoke",
+                 "--check", "purity", "--cache-dir", tmp_path / "caches", "--report-json",
+                 report)
+    assert result.returncode == 0, result.stderr
+    notes = json.loads(report.read_text())["backends"][0]["notes"]
+    assert notes == [f"TRITON_CACHE_DIR={tmp_path / 'caches' / 'triton'}",
+                     f"TORCHINDUCTOR_CACHE_DIR={tmp_path / 'caches' / 'inductor'}",
+                     f"FLASHINFER_WORKSPACE_BASE={tmp_path / 'caches' / 'flashinfer'}"]
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    refused = cli("run", "--backend", "numpy", "--profile", "smoke", "--cache-dir",
+                  blocked / "caches")
+    assert refused.returncode == 2 and "--cache-dir" in refused.stderr
+    home = cli("run", "--backend", "tests.hostile:NotesItsCacheDirs", "--profile", "smoke",
+               "--check", "purity", "--report-json", report,
+               env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+                    "TRITON_CACHE_DIR": str(tmp_path / "mine")})
+    assert home.returncode == 0, home.stderr
+    notes = json.loads(report.read_text())["backends"][0]["notes"]
+    assert notes[0] == f"TRITON_CACHE_DIR={tmp_path / 'mine'}"  # the user's own is kept
+    assert notes[1] == (f"TORCHINDUCTOR_CACHE_DIR="
+                        f"{tmp_path / 'xdg' / 'paged-decode-conformance' / 'inductor'}")
