@@ -2,9 +2,9 @@
 
 Harness to worker: a pickle (the harness is the trusted side) whose arrays travel in shared
 memory: an arena the worker maps once (handed over as a file descriptor) and each request
-reuses. After the call the harness reads the outputs
-the backend wrote there and compares the inputs it handed over with its own copies, byte for
-byte: purity is the harness's own observation, not the worker's word.
+reuses. After the call the harness reads the outputs the backend wrote there and compares the
+inputs it handed over with its own copies, byte for byte: purity is the harness's own
+observation, not the worker's word.
 
 Worker to harness: data only. JSON for the structure, arrays as dtype + shape + raw bytes,
 every part validated before use. Nothing a backend sends is executed or unpickled, so it can
