@@ -75,8 +75,7 @@ def _garbage_values(rng: np.random.Generator, shape: tuple[int, ...]
     offsets, or (a page larger than the bank's window) drawn here."""
     count = math.prod(shape)
     if count > GARBAGE_CHUNK:
-        return (rng.standard_normal(shape, dtype=np.float32),
-                np.where(rng.random(shape) < 0.5, np.float32(-1), np.float32(1)))
+        return _drawn(rng, shape)
     normals, signs = _garbage_bank()
     k_at, v_at = (int(i) for i in rng.integers(0, GARBAGE_CHUNK, size=2))
     return (normals[k_at:k_at + count].reshape(shape), signs[v_at:v_at + count].reshape(shape))
@@ -86,6 +85,9 @@ def _garbage_values(rng: np.random.Generator, shape: tuple[int, ...]
 def _garbage_bank() -> tuple[np.ndarray, np.ndarray]:
     """Twice ``GARBAGE_CHUNK`` normals and signs, drawn once per process: drawing them for
     every layout (17 per case) was a sixth of a NumPy ``ci`` run."""
-    rng = np.random.default_rng(GARBAGE_BANK_SEED)
-    return (rng.standard_normal(2 * GARBAGE_CHUNK, dtype=np.float32),
-            np.where(rng.random(2 * GARBAGE_CHUNK) < 0.5, np.float32(-1), np.float32(1)))
+    return _drawn(np.random.default_rng(GARBAGE_BANK_SEED), (2 * GARBAGE_CHUNK,))
+
+
+def _drawn(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    return (rng.standard_normal(shape, dtype=np.float32),
+            np.where(rng.random(shape) < 0.5, np.float32(-1), np.float32(1)))

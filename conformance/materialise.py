@@ -346,10 +346,11 @@ def canonical_layout_seed(case: Case) -> int:
 
 
 def materialise(case: Case, layout_seed: int | None = None, masked: str = "garbage",
-                quantized: bool = True) -> Problem:
-    """The canonical problem of a case, laid out from its seed (or another layout seed)."""
+                quantized: bool = True, logical: LogicalKV | None = None) -> Problem:
+    """The canonical problem of a case, laid out from its seed (or another layout seed);
+    ``logical``: its values, when already drawn."""
     seed = canonical_layout_seed(case) if layout_seed is None else layout_seed
-    return logical_kv(case, quantized).lay_out(case.page_size, seed, case.table_padding,
-                                               case.shared_pages, masked)
+    values = logical_kv(case, quantized) if logical is None else logical
+    return values.lay_out(case.page_size, seed, case.table_padding, case.shared_pages, masked)
 
 

@@ -25,7 +25,7 @@ from conformance.checks.outcomes import (
     lse_message,
 )
 from conformance.dtypes import numpy_dtype
-from conformance.materialise import LogicalKV, canonical_layout_seed, logical_kv, materialise
+from conformance.materialise import LogicalKV, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
 from conformance.references import apply_sink, decode_reference
 from conformance.references.decode import Modifiers, gather_sequence
@@ -284,9 +284,7 @@ class Trial:
     @cached_property
     def nan_masked(self) -> Problem:
         """The canonical problem with NaN, not garbage, in every slot nothing may read."""
-        case = self.case
-        return self.logical.lay_out(case.page_size, canonical_layout_seed(case),
-                                    case.table_padding, case.shared_pages, masked="nan")
+        return materialise(self.case, masked="nan", logical=self.logical)
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
         """The backend's merge; a result outside the contract raises ``ContractError``."""
