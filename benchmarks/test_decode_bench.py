@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.bench import copy_bandwidth, prepared_call, select_shapes
-from conformance.runner import open_backend
+from conformance.session import open_backend
 
 
 class GpuClock:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from conformance import machine
 from conformance.inputs import read_saved, write_atomically
-from conformance.runner import Result, RunReport
+from conformance.result import Result
 from conformance.status import Status
+from conformance.verdict import RunReport
 
 SCHEMA = "paged-decode-conformance/accuracy/1"
 NOISE_FLOOR = 0.01  # of the budget

@@ -18,10 +18,7 @@ from conformance.commands.listing import handle_backends, handle_list, handle_ne
 from conformance.commands.reports import handle_compare, handle_html, handle_summary
 from conformance.commands.run import handle_expectations, handle_merge, handle_run
 from conformance.manifest import ManifestError
-from conformance.runner import (
-    DEFAULT_CASE_TIMEOUT,
-    MAX_SECONDS,
-)
+from conformance.session import DEFAULT_CASE_TIMEOUT, MAX_SECONDS
 from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError
 
 

@@ -22,7 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.runner import BackendRun, Result, RunSettings, evaluate_case
+from conformance.result import Result
+from conformance.runner import evaluate_case
+from conformance.session import BackendRun, RunSettings
 from conformance.spec import Case
 from conformance.status import BROKEN
 

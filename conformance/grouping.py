@@ -7,8 +7,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from conformance.runner import Result, RunReport
+from conformance.result import Result
 from conformance.status import Status
+from conformance.verdict import RunReport
 
 
 @dataclass(frozen=True)

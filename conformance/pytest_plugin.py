@@ -20,16 +20,16 @@ from conformance.backends.registry import UnknownBackendError
 from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.manifest import ManifestError
 from conformance.parallel import xdist_worker_environment
-from conformance.runner import (
+from conformance.runner import evaluate
+from conformance.selection import select_cases
+from conformance.session import (
     DEFAULT_CASE_TIMEOUT,
     MAX_SECONDS,
     BackendRun,
     RunSettings,
     check_families,
-    evaluate,
     open_backend,
 )
-from conformance.selection import select_cases
 from conformance.spec import Case, SpecError
 from conformance.status import FAILING, Status
 

@@ -16,8 +16,8 @@ from conformance import machine
 from conformance.checks import CHECK_FAMILIES
 from conformance.grouping import failure_groups, known_groups, results_by_family
 from conformance.inputs import write_atomically
-from conformance.runner import RunReport
 from conformance.status import FAILING, Status
+from conformance.verdict import RunReport
 
 SCHEMA = "paged-decode-conformance/report/1"
 SKIPPED = (Status.UNSUPPORTED, Status.KNOWN_FAILURE, Status.CANNOT_JUDGE)  # in JUnit XML

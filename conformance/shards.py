@@ -42,9 +42,11 @@ def merge_reports(paths: list[Path]):
     """The ``RunReport`` a single run would have made, from the shards' JSON reports."""
     from conformance.backends.registry import UnknownBackendError
     from conformance.checks import CHECK_FAMILIES
-    from conformance.runner import BackendRun, Result, RunReport, RunSettings, open_backends
+    from conformance.result import Result
     from conformance.sandbox import Captured
+    from conformance.session import BackendRun, RunSettings, open_backends
     from conformance.summary import load_report
+    from conformance.verdict import RunReport
 
     reports = [load_report(path) for path in paths]
     first = reports[0]

@@ -9,8 +9,9 @@ import pytest
 
 from conformance.backends.base import Conventions
 from conformance.checks.trial import Trial
-from conformance.runner import RunSettings, evaluate, open_backend
+from conformance.runner import evaluate
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 from conformance.status import Status
 from conformance.tolerances import Budget, admitted_answers, output_error, wrong_where

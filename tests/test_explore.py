@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conformance.explore import explore
-from conformance.runner import RunSettings, open_backend
+from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 from conformance.strategies import is_power_of_two
 from tests.planted import SHAPE_ONLY

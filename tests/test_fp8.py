@@ -16,8 +16,9 @@ from conformance.dtypes import fp8_max, fp8_smallest_normal
 from conformance.materialise import logical_kv, materialise
 from conformance.references import decode_reference, kept_tokens
 from conformance.references.decode import token_scales
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import Case, SpecError, default_spec, parse_spec
 from tests.small_specs import one_family_spec, small_case
 

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.commands import run as run_command
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 from tests.run_cli import cli
 

@@ -3,8 +3,9 @@
 import pytest
 
 from conformance.manifest import ManifestError, load_manifest
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 
 WINDOW_CASES = select_cases(default_spec(), "smoke", ["sliding-window", "window20"])

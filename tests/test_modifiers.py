@@ -12,8 +12,9 @@ from conformance.backends.base import Capabilities, Conventions
 from conformance.materialise import logical_kv, materialise
 from conformance.references import alibi_slopes, apply_sink, decode_reference, merge_reference
 from conformance.references.decode import gather_sequence
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import SpecError, default_spec, parse_spec
 from tests.small_specs import one_family_spec, small_case
 

@@ -2,8 +2,9 @@
 
 import pytest
 
-from conformance.runner import RunSettings, open_backend, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backend
 from conformance.spec import DEFAULT_MAX_CASE_MIB, default_spec
 from tests.planted import PLANTED, Base2WithSentinel, SentinelNotConverted
 

@@ -121,7 +121,7 @@ def test_same_bytes_sees_one_flipped_byte_anywhere(size, monkeypatch):
 def test_no_second_request_goes_out_while_one_is():
     """What the harness does beside a call (``meanwhile``) must not call the backend: the
     worker answers one request at a time, and a second would take the first one's reply."""
-    from conformance.runner import open_backend
+    from conformance.session import open_backend
 
     backend = open_backend("numpy")
     handle = backend.connect()

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from conformance.checks.invariance import check_invariance
 from conformance.checks.merge import check_merge
 from conformance.checks.runs import check_determinism, check_oracle, check_poison, check_purity
-from conformance.checks.trial import Outcome, Run, Trial, reference_of
+from conformance.checks.trial import Run, Trial, reference_of
+from conformance.result import Result
 from conformance.sandbox import describe_exception
 
-CHECK_FAMILIES: dict[str, Callable[[Trial], list[Outcome]]] = {
+CHECK_FAMILIES: dict[str, Callable[[Trial], list[Result]]] = {
     "oracle": check_oracle,
     "poison": check_poison,
     "purity": check_purity,
@@ -24,4 +25,4 @@ CHECK_FAMILIES: dict[str, Callable[[Trial], list[Outcome]]] = {
     "invariance": check_invariance,
 }
 
-__all__ = ["CHECK_FAMILIES", "Outcome", "Run", "Trial", "describe_exception", "reference_of"]
+__all__ = ["CHECK_FAMILIES", "Run", "Trial", "describe_exception", "reference_of"]

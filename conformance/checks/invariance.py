@@ -15,7 +15,6 @@ import numpy as np
 from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import fault_outcome, unsupported
 from conformance.checks.trial import (
-    Outcome,
     Trial,
     errored,
     seed,
@@ -23,6 +22,7 @@ from conformance.checks.trial import (
 from conformance.materialise import LogicalKV, canonical_layout_seed
 from conformance.problem import Problem
 from conformance.references import kept_tokens
+from conformance.result import Result
 from conformance.spec import with_changes
 from conformance.status import Status
 
@@ -43,10 +43,10 @@ class Relaid:
 # (check, build, ahead): ``build`` makes the variant (or its outcome, when it cannot run);
 # ``ahead``: it is NumPy work alone, made while the backend decodes the variant before it.
 # A build that asks the backend anything runs in its own turn (one request at a time).
-Variant = tuple[str, Callable[[], "Relaid | Outcome"], bool]
+Variant = tuple[str, Callable[[], "Relaid | Result"], bool]
 
 
-def check_invariance(trial: Trial) -> list[Outcome]:
+def check_invariance(trial: Trial) -> list[Result]:
     """Metamorphic checks: what must not change the answer."""
     base = trial.first_run
     if base.exception:
@@ -85,11 +85,11 @@ def check_invariance(trial: Trial) -> list[Outcome]:
     return _run_variants(trial, variants)
 
 
-def _run_variants(trial: Trial, variants: list[Variant]) -> list[Outcome]:
+def _run_variants(trial: Trial, variants: list[Variant]) -> list[Result]:
     """Each variant decoded and compared, in order; one that raises is an ``error`` outcome
     and the others still run. The next variant is built while the backend decodes this one:
     the harness's NumPy work and the worker's decode overlap."""
-    built: dict[int, Relaid | Outcome] = {}
+    built: dict[int, Relaid | Result] = {}
 
     def build(index: int) -> None:
         check, make, _ = variants[index]
@@ -106,7 +106,7 @@ def _run_variants(trial: Trial, variants: list[Variant]) -> list[Outcome]:
         ahead = index + 1 < len(variants) and variants[index + 1][2]
         meanwhile = (lambda after=index + 1: build(after)) if ahead else None
         try:
-            outcomes.append(made if isinstance(made, Outcome)
+            outcomes.append(made if isinstance(made, Result)
                             else _same_answer(trial, check, made, meanwhile))
         except Exception as exc:
             outcomes.append(fault_outcome(check, exc))
@@ -114,12 +114,12 @@ def _run_variants(trial: Trial, variants: list[Variant]) -> list[Outcome]:
 
 
 def _same_answer(trial: Trial, check: str, variant: Relaid,
-                 meanwhile: Callable[[], object] | None = None) -> Outcome:
+                 meanwhile: Callable[[], object] | None = None) -> Result:
     """Decode a re-laid problem and compare with the base run, query row by query row."""
     problem = variant.problem
     run = trial.decode(problem, num_splits=variant.num_splits, meanwhile=meanwhile)
     if run.exception:
-        return Outcome(check, Status.ERROR, message=run.exception)
+        return Result.of(check, Status.ERROR, message=run.exception)
     base = trial.first_run
     want_out, want_lse = base.out, base.lse
     if variant.rows is not None:
@@ -148,7 +148,7 @@ def _neighbours(trial: Trial) -> Relaid:
     return Relaid(problem, keep=keep)
 
 
-def _as_mha(trial: Trial) -> Relaid | Outcome:
+def _as_mha(trial: Trial) -> Relaid | Result:
     """KV heads repeated so that every query head has its own: GQA as MHA."""
     case, logical, g = trial.case, trial.logical, trial.problem.group_size
     reason = trial.backend.unsupported_reason(with_changes(case, num_kv_heads=case.num_qo_heads))
@@ -169,7 +169,7 @@ def _rescaled(trial: Trial) -> Relaid:
     return Relaid(problem, out_factor=2.0)
 
 
-def _other_page_size(trial: Trial) -> Relaid | Outcome:
+def _other_page_size(trial: Trial) -> Relaid | Result:
     case = trial.case
     candidates = [case.page_size * 2, max(1, case.page_size // 2), 16, 1]
     for size in candidates:
@@ -180,7 +180,7 @@ def _other_page_size(trial: Trial) -> Relaid | Outcome:
     return unsupported("invariance/page-size", "no other page size in capabilities")
 
 
-def _drafts_alone(trial: Trial) -> Relaid | Outcome:
+def _drafts_alone(trial: Trial) -> Relaid | Result:
     """Each query token decoded alone, as one token per sequence against the tokens it
     sees, through the same backend: a multi-token decode is its drafts' one-token decodes.
     Where every row sees a prefix of its sequence (causal, a chain, a tree's first branch)
@@ -204,7 +204,7 @@ def _drafts_alone(trial: Trial) -> Relaid | Outcome:
                                  case.table_padding))
 
 
-def _sub_batches(trial: Trial) -> Outcome:
+def _sub_batches(trial: Trial) -> Result:
     """The batch as two sub-batches (its first half, then the rest), each decoded alone:
     ragged query lengths must not move one sequence's query rows into another's."""
     case, logical, half = trial.case, trial.logical, trial.problem.batch // 2

@@ -11,13 +11,13 @@ import numpy as np
 from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import fault_outcome, run_each, unsupported
 from conformance.checks.trial import (
-    Outcome,
     Trial,
     errored,
     seed,
 )
 from conformance.problem import Problem
 from conformance.references import merge_reference
+from conformance.result import Result
 from conformance.status import Status
 from conformance.tolerances import lse_error, merge_rounding
 
@@ -95,7 +95,7 @@ def _fold(trial: Trial, states: list[AttentionState]) -> AttentionState:
     return merged
 
 
-def check_merge(trial: Trial) -> list[Outcome]:
+def check_merge(trial: Trial) -> list[Result]:
     """Split-K equivalence with the backend's merge, and the merge's algebra."""
     missing = {"lse", "merge"} - trial.has
     if missing:
@@ -104,14 +104,14 @@ def check_merge(trial: Trial) -> list[Outcome]:
     if base.exception:
         return [errored("merge", base)]
     ref_out, ref_lse = trial.reference
-    outcomes: list[Outcome] = []
+    outcomes: list[Result] = []
     pieces: dict[str, list[AttentionState]] = {}
     for scheme in ("page", "inside-page", "empty-segments"):
         check = f"merge/segments-{scheme}"
         try:
             states = segment_states(trial, scheme)
             if isinstance(states, str):
-                outcomes.append(Outcome(check, Status.ERROR, message=states))
+                outcomes.append(Result.of(check, Status.ERROR, message=states))
                 continue
             pieces[scheme] = states
             merged = trial.with_sink(_fold(trial, states))
@@ -123,7 +123,7 @@ def check_merge(trial: Trial) -> list[Outcome]:
         except Exception as exc:
             outcomes.append(fault_outcome(check, exc))
     empty = trial.empty_state()
-    algebra: list[tuple[str, Callable[[], Outcome]]] = [
+    algebra: list[tuple[str, Callable[[], Result]]] = [
         ("merge/identity", lambda: _identity(trial, base.state, empty)),
         ("merge/both-empty", lambda: _both_empty(trial, empty)),
     ]
@@ -147,7 +147,7 @@ def _as_pair(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(state.out, dtype=np.float64), state.lse
 
 
-def _identity(trial: Trial, state: AttentionState, empty: AttentionState) -> Outcome:
+def _identity(trial: Trial, state: AttentionState, empty: AttentionState) -> Result:
     for order, merged in (("merge(x, empty)", trial.merge(state, empty)),
                           ("merge(empty, x)", trial.merge(empty, state))):
         outcome = trial.compare("merge/identity", merged, *_as_pair(state), what=order)
@@ -156,23 +156,23 @@ def _identity(trial: Trial, state: AttentionState, empty: AttentionState) -> Out
     return outcome
 
 
-def _both_empty(trial: Trial, empty: AttentionState) -> Outcome:
+def _both_empty(trial: Trial, empty: AttentionState) -> Result:
     merged = trial.merge(empty, replace(empty, out=empty.out.copy(), lse=empty.lse.copy()))
     out = np.asarray(merged.out, dtype=np.float64)
     error = lse_error(merged.lse, np.full(merged.lse.shape, -np.inf), trial.empty_lse)
     if np.isnan(out).any() or np.any(out != 0) or not math.isfinite(error):
-        return Outcome("merge/both-empty", Status.FAILED, math.inf, message=(
+        return Result.of("merge/both-empty", Status.FAILED, math.inf, message=(
             f"merge(empty, empty) gave {int(np.isnan(out).sum())} NaN and "
             f"{int(np.sum(np.nan_to_num(out) != 0))} non-zero output values, LSE "
             f"{float(merged.lse.flat[0])!r}; want 0 and {trial.empty_lse!r}"))
-    return Outcome("merge/both-empty", Status.PASSED, 0.0)
+    return Result.of("merge/both-empty", Status.PASSED, 0.0)
 
 
-def _lse_gap(trial: Trial, a: AttentionState, b: AttentionState) -> Outcome:
+def _lse_gap(trial: Trial, a: AttentionState, b: AttentionState) -> Result:
     """States whose LSEs differ by more than 100, and states at |LSE| ~ 3e4."""
     live = np.isfinite(a.lse) & np.isfinite(b.lse) & (a.lse != trial.empty_lse) & \
         (b.lse != trial.empty_lse)
-    worst: Outcome | None = None
+    worst: Result | None = None
     for shift_a, shift_b in ((150.0, 0.0), (0.0, 150.0), (3e4, 3e4 - 120.0)):
         sa = AttentionState(out=a.out, lse=np.where(live, a.lse + np.float32(shift_a), a.lse)
                             .astype(np.float32))

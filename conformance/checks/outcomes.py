@@ -1,30 +1,17 @@
-"""What a check returns: the ``Outcome`` of one sub-check, and the messages that say where
-an answer went wrong."""
+"""What a check returns (a ``Result`` the run has not placed yet), and the messages that
+say where an answer went wrong."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from conformance.result import Result
 from conformance.sandbox import ContractError, describe_exception
 from conformance.status import Status
 from conformance.tolerances import Budget
-
-
-@dataclass(frozen=True)
-class Outcome:
-    check: str
-    status: str
-    error: float | None = None
-    budget: Budget | None = None
-    message: str = ""
-
-    @property
-    def family(self) -> str:
-        return self.check.split("/", 1)[0]
 
 
 def locate(got: np.ndarray, want: np.ndarray) -> str:
@@ -45,17 +32,17 @@ def cannot_judge_message(budget: Budget, admitted: dict[str, float]) -> str:
             f"case: {answers}")
 
 
-def fault_outcome(check: str, exc: Exception) -> Outcome:
+def fault_outcome(check: str, exc: Exception) -> Result:
     """A sub-check that raised: ``failed`` when the backend broke the contract, else ``error``."""
     status = Status.FAILED if isinstance(exc, ContractError) else Status.ERROR
-    return Outcome(check, status, message=describe_exception(exc))
+    return Result.of(check, status, message=describe_exception(exc))
 
 
-def unsupported(check: str, reason: str) -> Outcome:
-    return Outcome(check, Status.UNSUPPORTED, message=reason)
+def unsupported(check: str, reason: str) -> Result:
+    return Result.of(check, Status.UNSUPPORTED, message=reason)
 
 
-def run_each(checks: list[tuple[str, Callable[[], Outcome]]]) -> list[Outcome]:
+def run_each(checks: list[tuple[str, Callable[[], Result]]]) -> list[Result]:
     """Run sub-checks; one that raises is an ``error`` outcome and the others still run."""
     outcomes = []
     for check, run_check in checks:

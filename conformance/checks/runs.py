@@ -9,17 +9,17 @@ import numpy as np
 
 from conformance.checks.outcomes import locate, unsupported
 from conformance.checks.trial import (
-    Outcome,
     Trial,
     errored,
 )
 from conformance.dtypes import numpy_dtype
 from conformance.problem import POISONS
+from conformance.result import Result
 from conformance.status import Status
 from conformance.tolerances import ROUNDING_SAMPLE, ROUNDING_SHARE, Budget, output_error
 
 
-def check_oracle(trial: Trial) -> list[Outcome]:
+def check_oracle(trial: Trial) -> list[Result]:
     """Output and LSE against the float64 oracle, within the dtype's budget."""
     run = trial.first_run
     if run.exception:
@@ -33,7 +33,7 @@ def check_oracle(trial: Trial) -> list[Outcome]:
     return outcomes + ([rounding] if rounding else [])
 
 
-def _with_quantization(trial: Trial, outcome: Outcome) -> Outcome:
+def _with_quantization(trial: Trial, outcome: Result) -> Result:
     """An fp8 case's output verdict, with what the format itself costs beside it."""
     error = trial.quantization_error
     if error is None:
@@ -43,7 +43,7 @@ def _with_quantization(trial: Trial, outcome: Outcome) -> Outcome:
     return replace(outcome, message=f"{outcome.message}; {note}" if outcome.message else note)
 
 
-def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:
+def _rounding(trial: Trial, got: np.ndarray) -> Result | None:
     """A float16/bfloat16 output is its float32 result rounded to nearest even.
 
     A kernel that truncates (rounds toward zero) is never more than one ulp off, inside every
@@ -84,8 +84,8 @@ def _rounding(trial: Trial, got: np.ndarray) -> Outcome | None:
     share, count, missed, how, band = max(outcomes)
     budget = Budget(ROUNDING_SHARE, math.nan)
     if share <= ROUNDING_SHARE:
-        return Outcome("oracle/rounding", Status.PASSED, share, budget)
-    return Outcome("oracle/rounding", Status.FAILED, share, budget,
+        return Result.of("oracle/rounding", Status.PASSED, share, budget)
+    return Result.of("oracle/rounding", Status.FAILED, share, budget,
                    f"rounded {how}, not to nearest even: of the {count} output elements whose "
                    f"oracle value lies {band[0]:g} to {band[1]:g} ulp past the {trial.case.dtype}"
                    f" value below it in magnitude, {missed} ({share:.0%}) hold the "
@@ -100,13 +100,13 @@ def _step(values: np.ndarray, direction: int) -> np.ndarray:
         np.uint16).view(values.dtype)
 
 
-def check_poison(trial: Trial) -> list[Outcome]:
+def check_poison(trial: Trial) -> list[Result]:
     """Every output and LSE slot is written (two runs, two poisons), and NaN in the slots a
     kernel must not read never reaches an output."""
     return [_unwritten(trial), _masked_nan(trial)]
 
 
-def _masked_nan(trial: Trial) -> Outcome:
+def _masked_nan(trial: Trial) -> Result:
     """The same problem with NaN, not garbage, where nothing may be read: reading masked slots
     and zeroing their weight passes ``oracle`` but turns this NaN into output."""
     check = "poison/masked-nan"
@@ -116,15 +116,15 @@ def _masked_nan(trial: Trial) -> Outcome:
     bad_out = np.isnan(np.asarray(run.out, dtype=np.float64)).any(axis=-1)
     bad = bad_out | np.isnan(run.lse)
     if not bad.any():
-        return Outcome(check, Status.PASSED)
+        return Result.of(check, Status.PASSED)
     b, h = (int(i) for i in np.argwhere(bad)[0])
-    return Outcome(check, Status.FAILED, message=(
+    return Result.of(check, Status.FAILED, message=(
         f"NaN in the slots the kernel must not read reached {int(bad.sum())} (row, head) "
         f"rows of output or LSE (first at [row {b}, head {h}]); with finite values there "
         f"the kernel is judged by oracle, so it reads masked slots and weights them by zero"))
 
 
-def _unwritten(trial: Trial) -> Outcome:
+def _unwritten(trial: Trial) -> Result:
     check = "poison/unwritten"
     problems = []
     for run, poison in ((trial.first_run, POISONS[0]), (trial.second_run, POISONS[1])):
@@ -138,22 +138,22 @@ def _unwritten(trial: Trial) -> Outcome:
                 problems.append(f"{int(stale.sum())} {name} slots still hold poison {poison} "
                                 f"(first at index {where})")
     if problems:
-        return Outcome(check, Status.FAILED, message="; ".join(problems))
-    return Outcome(check, Status.PASSED)
+        return Result.of(check, Status.FAILED, message="; ".join(problems))
+    return Result.of(check, Status.PASSED)
 
 
-def check_purity(trial: Trial) -> list[Outcome]:
+def check_purity(trial: Trial) -> list[Result]:
     """The inputs are bit-for-bit the same after the call."""
     for run in (trial.first_run, trial.second_run):
         if run.exception:
             return [errored("purity", run)]
         if run.mutated:
-            return [Outcome("purity", Status.FAILED,
+            return [Result.of("purity", Status.FAILED,
                             message=f"decode modified its inputs: {', '.join(run.mutated)}")]
-    return [Outcome("purity", Status.PASSED)]
+    return [Result.of("purity", Status.PASSED)]
 
 
-def check_determinism(trial: Trial) -> list[Outcome]:
+def check_determinism(trial: Trial) -> list[Result]:
     """The same call twice gives the same bits (or, if declared nondeterministic, close)."""
     a, b = trial.first_run, trial.second_run
     if a.exception or b.exception:
@@ -163,8 +163,8 @@ def check_determinism(trial: Trial) -> list[Outcome]:
         return [outcome]
     same = a.out.tobytes() == b.out.tobytes() and a.lse.tobytes() == b.lse.tobytes()
     if same:
-        return [Outcome("determinism", Status.PASSED, 0.0)]
+        return [Result.of("determinism", Status.PASSED, 0.0)]
     error = output_error(b.out, a.out)
-    return [Outcome("determinism", Status.FAILED, error,
+    return [Result.of("determinism", Status.FAILED, error,
                     message=f"two identical calls differ (output error {error:.3g})"
                             f"{locate(b.out, a.out)}")]

@@ -2,7 +2,7 @@
 
 A ``Trial`` holds the problem, the float64 oracle, the budget and the two poisoned decode
 runs, each computed once; each family (the sibling modules) is a function of a trial that
-returns ``Outcome`` records named ``family/sub-check``.
+returns ``Result`` records named ``family/sub-check``.
 """
 
 
@@ -19,7 +19,6 @@ import numpy as np
 
 from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import (
-    Outcome,
     cannot_judge_message,
     locate,
     lse_message,
@@ -29,6 +28,7 @@ from conformance.materialise import LogicalKV, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
 from conformance.references import apply_sink, decode_reference
 from conformance.references.decode import Modifiers, gather_sequence
+from conformance.result import Result
 from conformance.sandbox import BackendHandle, describe_exception
 from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
 from conformance.status import Status
@@ -308,8 +308,8 @@ class Trial:
 
     def compare(self, check: str, got: AttentionState, want_out: np.ndarray | None,
                 want_lse: np.ndarray | None, scale: float = 1.0, what: str = "",
-                out_floor: float = 0.0) -> Outcome:
-        """Outcome of comparing a state with a wanted one: its output and (if wanted and the
+                out_floor: float = 0.0) -> Result:
+        """Result of comparing a state with a wanted one: its output and (if wanted and the
         backend writes one) its LSE, judged by whichever is further past its budget (the
         output's at least ``out_floor``: rounding the check itself brings, as a merge's).
 
@@ -334,14 +334,14 @@ class Trial:
                           + f"{suffix}; {wrong_where(x, lse_budget.value)}"))
         _, error, budget, message = max(parts, key=lambda part: part[0])
         if error > budget.value:
-            return Outcome(check, Status.FAILED, error, budget, message())
+            return Result.of(check, Status.FAILED, error, budget, message())
         if want_out is self.reference[0]:
             admitted = admitted_answers(out_budget.value, out_budget.table, self.trivial,
                                         want_out)
             if admitted:
-                return Outcome(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
+                return Result.of(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
                     out_budget, admitted) + suffix)
-        return Outcome(check, Status.PASSED, error, budget)
+        return Result.of(check, Status.PASSED, error, budget)
 
 
 def reversed_dims(problem: Problem) -> Problem:
@@ -364,8 +364,8 @@ def reference_of(problem: Problem, precision: type = np.float64, lse_includes_si
                             draft_mask=problem.draft_mask, precision=precision)
 
 
-def errored(check: str, run: Run) -> Outcome | None:
-    return Outcome(check, Status.ERROR, message=run.exception) if run.exception else None
+def errored(check: str, run: Run) -> Result | None:
+    return Result.of(check, Status.ERROR, message=run.exception) if run.exception else None
 
 
 # Offsets from a case's seed for the layouts the checks make, so no two draw the same pages.

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from conformance.runner import BackendRun, RunSettings, open_backends
+from conformance.session import BackendRun, RunSettings, open_backends
 
 
 def settings_from(args: argparse.Namespace, **more) -> RunSettings:

@@ -8,8 +8,8 @@ import time
 from conformance.backends.registry import resolve
 from conformance.backends.tvm.kernels import AOT_ENV_NAME, build, keys_for_case
 from conformance.bench import select_shapes
-from conformance.runner import RunSettings
 from conformance.selection import select_cases
+from conformance.session import RunSettings
 
 
 def handle_build(args: argparse.Namespace) -> int:

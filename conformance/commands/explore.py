@@ -18,7 +18,7 @@ from conformance.explore import (
 )
 from conformance.inputs import InputError, check_directory, check_outputs, write_atomically
 from conformance.interrupts import protect_reports, stop_on_signals
-from conformance.runner import RunSettings, check_families
+from conformance.session import RunSettings, check_families
 
 
 def handle_explore(args: argparse.Namespace) -> int:

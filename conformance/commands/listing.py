@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from conformance.backends.registry import known_backends
-from conformance.runner import RunSettings, open_backends
 from conformance.selection import select_cases
+from conformance.session import RunSettings, open_backends
 from conformance.skeleton import class_name, write_skeleton
 
 

@@ -13,8 +13,9 @@ from conformance.commands import job_count, loading, open_named, settings_from
 from conformance.inputs import check_directory, check_outputs
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
-from conformance.runner import check_families, open_backends, run
+from conformance.runner import run
 from conformance.selection import select_cases
+from conformance.session import check_families, open_backends
 from conformance.spec import SpecError, check_sizes
 from conformance.status import BROKEN
 
