@@ -95,3 +95,18 @@ def test_what_a_command_does_lives_on_the_command_line_side():
                   and node.module.startswith(line_side[:2])):
                 misplaced.append(f"{path.relative_to(ROOT)}: imports {node.module}")
     assert not misplaced, "belongs in conformance/commands/: " + "; ".join(misplaced)
+
+
+def test_a_verdict_is_recorded_by_one_class():
+    # a check's Outcome and the report's Result held the same fields twice, and each field
+    # added to one had to be copied across by hand
+    verdict_fields = {"check", "status", "error", "message"}
+    holders = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {item.target.id for item in node.body
+                          if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+                if verdict_fields <= fields:
+                    holders.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert holders == ["conformance/result.py: Result"], holders
