@@ -86,11 +86,11 @@ def _rounding(trial: Trial, got: np.ndarray) -> Result | None:
     if share <= ROUNDING_SHARE:
         return Result.of("oracle/rounding", Status.PASSED, share, budget)
     return Result.of("oracle/rounding", Status.FAILED, share, budget,
-                   f"rounded {how}, not to nearest even: of the {count} output elements whose "
-                   f"oracle value lies {band[0]:g} to {band[1]:g} ulp past the {trial.case.dtype}"
-                   f" value below it in magnitude, {missed} ({share:.0%}) hold the "
-                   f"{'lower' if how == 'toward zero' else 'upper'} neighbour; rounding a "
-                   f"float32 result to nearest gives none")
+                     f"rounded {how}, not to nearest even: of the {count} output elements whose "
+                     f"oracle value lies {band[0]:g} to {band[1]:g} ulp past the {trial.case.dtype}"
+                     f" value below it in magnitude, {missed} ({share:.0%}) hold the "
+                     f"{'lower' if how == 'toward zero' else 'upper'} neighbour; rounding a "
+                     f"float32 result to nearest gives none")
 
 
 def _step(values: np.ndarray, direction: int) -> np.ndarray:
@@ -149,7 +149,7 @@ def check_purity(trial: Trial) -> list[Result]:
             return [errored("purity", run)]
         if run.mutated:
             return [Result.of("purity", Status.FAILED,
-                            message=f"decode modified its inputs: {', '.join(run.mutated)}")]
+                              message=f"decode modified its inputs: {', '.join(run.mutated)}")]
     return [Result.of("purity", Status.PASSED)]
 
 
@@ -166,5 +166,5 @@ def check_determinism(trial: Trial) -> list[Result]:
         return [Result.of("determinism", Status.PASSED, 0.0)]
     error = output_error(b.out, a.out)
     return [Result.of("determinism", Status.FAILED, error,
-                    message=f"two identical calls differ (output error {error:.3g})"
-                            f"{locate(b.out, a.out)}")]
+                      message=f"two identical calls differ (output error {error:.3g})"
+                              f"{locate(b.out, a.out)}")]
