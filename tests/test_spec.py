@@ -120,3 +120,25 @@ def test_invalid_toml_is_reported_with_the_file(tmp_path):
     path.write_text("[defaults\n")
     with pytest.raises(SpecError, match=r"broken\.toml': not valid TOML"):
         load_spec(path)
+
+
+def readme_families() -> list[dict]:
+    """The ``[[family]]`` examples of the README, parsed."""
+    text = (SPEC_PATH.parents[1] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
+    return [tomllib.loads(b)["family"][0] for b in blocks if b.startswith("[[family]]")]
+
+
+def test_the_readme_spec_examples_load_and_the_built_in_ones_match_the_spec():
+    spec_text = tomllib.loads(SPEC_PATH.read_text())
+    built_in = {f["name"]: f for f in spec_text["family"]}
+    examples = readme_families()
+    assert len(examples) >= 2
+    for example in examples:
+        renamed = {**example, "name": f"readme-{example['name']}"}
+        spec = parse_spec({**spec_text, "family": [*spec_text["family"], renamed]})
+        assert any(c.family == renamed["name"] for p in example["profiles"]
+                   for c in spec.cases(p)), example["name"]
+        if example["name"] in built_in:  # shown as the spec has it, but for its doc
+            same = {k: v for k, v in built_in[example["name"]].items() if k != "doc"}
+            assert {k: v for k, v in example.items() if k != "doc"} == same
