@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from conformance.checks import CHECK_FAMILIES, Trial
+from conformance.checks.outcomes import unsupported
 from conformance.manifest import apply
 from conformance.result import Result
 from conformance.sandbox import describe_exception
@@ -25,12 +26,11 @@ def family_results(backend: BackendRun, case: Case, family: str,
                    trial: Trial | None = None) -> list[Result]:
     """Run one family, or say why it cannot run: unsupported, or an error with its cause."""
     if backend.reason:  # unavailable here: the harness refused it, so it is not claimed
-        return [Result(family, Status.UNSUPPORTED,
-                       message=f"backend unavailable: {backend.reason}")]
+        return [unsupported(family, f"backend unavailable: {backend.reason}")]
     try:
         reason = backend.handle.unsupported_reason(case)
         if reason:
-            return [Result(family, Status.UNSUPPORTED, message=reason)]
+            return [unsupported(family, reason)]
         return CHECK_FAMILIES[family](trial or Trial(backend.handle, case))
     except Exception as exc:  # a fault in the adapter or the case is a result, not a crash
         return [Result(family, Status.ERROR, message=describe_exception(exc))]
