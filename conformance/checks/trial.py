@@ -126,7 +126,7 @@ class Trial:
 
     @cached_property
     def problem(self) -> Problem:
-        return self.shared(("problem",), lambda: materialise(self.case))
+        return self.shared(("problem",), lambda: materialise(self.case, logical=self.logical))
 
     @cached_property
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
