@@ -42,10 +42,13 @@ def test_no_listed_case_has_the_shape_that_triggers_a_shape_only_bug(bug, field,
 
 @pytest.mark.parametrize("bug,field,value", SHAPE_ONLY, ids=[b.__name__ for b, _, _ in SHAPE_ONLY])
 def test_explore_finds_each_shape_only_bug_and_shrinks_it(bug, field, value):
+    # Whichever check a case fails first names its finding: a smaller case of the same bug
+    # may land under poison or merge rather than oracle, so the smallest of all is judged.
     state = run_explore(f"tests.planted:{bug.__name__}", 300)
-    oracle = [f for check, f in state.findings.items() if check.startswith("oracle/")]
-    assert oracle, f"{bug.__name__}: nothing found in {state.examples} examples"
-    smallest = min((f.case for f in oracle), key=lambda c: (getattr(c, field), c.batch))
+    assert any(check.startswith("oracle/") for check in state.findings), \
+        f"{bug.__name__}: oracle found nothing in {state.examples} examples"
+    smallest = min((f.case for f in state.findings.values()),
+                   key=lambda c: (getattr(c, field), c.batch))
     assert getattr(smallest, field) == value, smallest.id
     assert smallest.batch == 1 and sum(smallest.context_lens) <= 4, smallest.id
 
