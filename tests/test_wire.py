@@ -137,3 +137,42 @@ def test_no_second_request_goes_out_while_one_is():
         assert handle.call("device") == "cpu"  # and once answered, the next goes out
     finally:
         backend.disconnect()
+
+
+def test_a_waiting_side_polls_only_with_a_cpu_to_spare(monkeypatch):
+    """A frame that comes during the poll is seen without sleeping; with no CPU to spare, or
+    polling turned off, the caller is sent to sleep at once."""
+    import socket
+    import threading
+    import time
+
+    from conformance import wire
+
+    ours, theirs = socket.socketpair()
+    try:
+        monkeypatch.setattr(wire, "spare_cpu", lambda: True)
+        later = threading.Timer(0.002, lambda: theirs.send(b"x"))
+        later.start()
+        assert wire.poll_readable(ours, 5.0)
+        later.join()
+        ours.recv(1)
+        started = time.monotonic()
+        assert not wire.poll_readable(ours, 0.01)  # nothing comes: it gives up in time
+        assert time.monotonic() - started < 1.0
+        theirs.send(b"x")
+        monkeypatch.setattr(wire, "spare_cpu", lambda: False)
+        assert not wire.poll_readable(ours, 5.0)  # readable, but not polled: the caller sleeps
+        monkeypatch.setattr(wire, "spare_cpu", lambda: True)
+        monkeypatch.setenv(wire.POLL_VARIABLE, "0")
+        assert wire.poll_seconds() == 0 and not wire.poll_readable(ours, wire.poll_seconds())
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_parallel_run_polls_only_when_each_job_has_two_cpus(monkeypatch):
+    from conformance import parallel
+
+    monkeypatch.setattr(parallel, "CPUS", 4)
+    assert parallel.polling_environment(2) == {}
+    assert parallel.polling_environment(3) == {parallel.POLL_VARIABLE: "0"}
