@@ -52,7 +52,7 @@ def known_groups(report: RunReport) -> list[KnownGroup]:
 @dataclass(frozen=True)
 class FailureGroup:
     """Unexpected failures of one check on one backend that share a cause: the same query
-    heads wrong (``wrong_where``), or else the same message but for its numbers. Printed
+    heads wrong (``Result.wrong_heads``), or else the same message but for its numbers. Printed
     once, by its smallest case; the JSON report keeps every result."""
 
     cause: str
@@ -63,9 +63,6 @@ class FailureGroup:
         return min(self.results, key=lambda r: (r.context or 0, len(r.case)))
 
 
-_WRONG_HEADS = re.compile(r"heads (all \d+|\[[^\]]*\] of \d+)")
-
-
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -73,8 +70,7 @@ def failure_groups(failures: list[Result]) -> list[FailureGroup]:
     """The failures grouped by cause, in the order their first member failed."""
     groups: dict[tuple[str, str, str, str], list[Result]] = {}
     for result in failures:
-        wrong = _WRONG_HEADS.search(result.message)
-        cause = f"wrong in {wrong.group(0)}" if wrong else \
+        cause = f"wrong in heads {result.wrong_heads}" if result.wrong_heads else \
             _NUMBER.sub("#", result.message.split(" at [")[0])
         groups.setdefault((result.backend, result.status, result.check, cause), []).append(
             result)

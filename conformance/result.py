@@ -28,18 +28,20 @@ class Result:
     reproducer: str = ""
     dtype: str = ""  # the case's, so that reports never parse ids
     context: int = 0  # the case's longest context
+    wrong_heads: str = ""  # the query heads past the budget ("[1, 3] of 8"): failures group by it
 
     # the order of a report's keys (schemas/report.schema.json)
     KEYS = ("backend", "case", "check", "status", "error", "budget", "budget_table",
-            "budget_ratio", "message", "reproducer", "dtype", "context")
+            "budget_ratio", "message", "reproducer", "dtype", "context", "wrong_heads")
 
     @classmethod
     def of(cls, check: str, status: str, error: float | None = None, budget: Any = None,
-           message: str = "") -> Result:
+           message: str = "", wrong_heads: str = "") -> Result:
         """What a check returns; ``budget`` a ``tolerances.Budget`` (value, table, ratio)."""
         if budget is None:
-            return cls(check, status, error, message=message)
-        return cls(check, status, error, budget.value, budget.table, budget.ratio, message)
+            return cls(check, status, error, message=message, wrong_heads=wrong_heads)
+        return cls(check, status, error, budget.value, budget.table, budget.ratio, message,
+                   wrong_heads=wrong_heads)
 
     def placed(self, backend: str, case: str, status: str, note: str, reproducer: str,
                dtype: str, context: int) -> Result:

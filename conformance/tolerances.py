@@ -93,17 +93,17 @@ def lse_errors(got: np.ndarray, want: np.ndarray, empty_value: float = -math.inf
     return np.where(np.isnan(got), math.inf, errors)
 
 
-def wrong_where(errors: np.ndarray, budget: float) -> str:
+def wrong_rows_heads(errors: np.ndarray, budget: float) -> tuple[str, str]:
     """Which query rows and heads of a ``(rows, heads[, dim])`` error array are past the
-    budget, as ``wrong in rows [..] of R, heads [..] of H``: the pattern one cause leaves
-    (a wrong head mapping: every other head; a bad row: one row), by which failures group."""
+    budget (``[1] of 3``, ``all 8``; empty when none): the pattern one cause leaves (a wrong
+    head mapping: every other head; a bad row: one row). Failures group by the heads."""
     bad = errors > budget
     if not bad.any():
-        return ""
+        return "", ""
     axes = tuple(range(2, bad.ndim))
     per_row_head = bad.any(axis=axes) if axes else bad
-    return (f"wrong in rows {_listed(np.flatnonzero(per_row_head.any(axis=1)), bad.shape[0])}, "
-            f"heads {_listed(np.flatnonzero(per_row_head.any(axis=0)), bad.shape[1])}")
+    return (_listed(np.flatnonzero(per_row_head.any(axis=1)), bad.shape[0]),
+            _listed(np.flatnonzero(per_row_head.any(axis=0)), bad.shape[1]))
 
 
 def _listed(indices: np.ndarray, total: int) -> str:

@@ -14,7 +14,7 @@ from conformance.selection import select_cases
 from conformance.session import RunSettings, open_backend
 from conformance.spec import default_spec
 from conformance.status import Status
-from conformance.tolerances import Budget, admitted_answers, output_error, wrong_where
+from conformance.tolerances import Budget, admitted_answers, output_error, wrong_rows_heads
 
 CI_CASES = select_cases(default_spec(), "ci")
 
@@ -89,10 +89,10 @@ def test_the_low_precision_model_holds_scores_in_float32():
     assert np.isfinite(out_budget.value)
 
 
-def test_wrong_where_names_the_rows_and_heads_past_the_budget():
+def test_wrong_rows_heads_names_the_rows_and_heads_past_the_budget():
     errors = np.zeros((3, 8, 4))
     errors[1, [1, 3], 2] = 1.0
-    assert wrong_where(errors, 0.5) == "wrong in rows [1] of 3, heads [1, 3] of 8"
+    assert wrong_rows_heads(errors, 0.5) == ("[1] of 3", "[1, 3] of 8")
     errors[:, :, 0] = np.inf
-    assert wrong_where(errors, 0.5) == "wrong in rows all 3, heads all 8"
-    assert wrong_where(np.zeros((2, 4)), 0.5) == ""
+    assert wrong_rows_heads(errors, 0.5) == ("all 3", "all 8")
+    assert wrong_rows_heads(np.zeros((2, 4)), 0.5) == ("", "")

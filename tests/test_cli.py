@@ -72,6 +72,24 @@ def test_failures_of_one_cause_print_once_with_the_heads_they_share(tmp_path):
     assert len(failed) > 2 * len(groups) >= 4
     assert all("(wrong in heads [1, 3, 4, 6] of 8)" in line for line in groups)
     assert f"{len(failed)} unexpected failure(s) in {len(groups)} group(s)" in result.stdout
+    assert {r["wrong_heads"] for r in failed} == {"[1, 3, 4, 6] of 8"}
+
+
+def test_failures_group_by_the_heads_they_record_not_by_words_in_their_message():
+    """A message is for people: a backend's text in it (a note, an exception) that looks
+    like a head list must not split or join groups."""
+    from conformance.grouping import failure_groups
+    from conformance.result import Result
+
+    def failed(case: str, message: str, heads: str) -> Result:
+        return Result("oracle/output", "failed", 1.0, 0.1, message=message, backend="b",
+                      case=case, wrong_heads=heads)
+
+    groups = failure_groups([failed("a", "error 1 (heads [0] of 8 in a note)", "[1, 3] of 8"),
+                             failed("b", "error 2", "[1, 3] of 8"),
+                             failed("c", "error 3 heads [1, 3] of 8", "all 8")])
+    assert [(g.cause, len(g.results)) for g in groups] == [
+        ("wrong in heads [1, 3] of 8", 2), ("wrong in heads all 8", 1)]
 
 
 def test_a_failure_prints_its_error_and_a_reproducer_that_reruns_it():

@@ -48,7 +48,7 @@ from conformance.tolerances import (
     score_rounding,
     table_budget,
     trivial_answers,
-    wrong_where,
+    wrong_rows_heads,
 )
 
 
@@ -318,23 +318,25 @@ class Trial:
         out_budget, lse_budget = (b.scaled(scale) for b in self.budget)
         if out_floor > out_budget.value:
             out_budget = Budget(out_floor, out_budget.ratio)
-        parts = []  # (error / budget, error, budget, message if it fails)
+        parts = []  # (error / budget, error, budget, errors, message if it fails)
         suffix = f" ({what})" if what else ""
         if want_out is not None:
             errors = output_errors(got.out, want_out)
             error = float(errors.max(initial=0.0))
-            parts.append((error / out_budget.value, error, out_budget, lambda e=error, x=errors:
+            parts.append((error / out_budget.value, error, out_budget, errors, lambda e=error:
                           f"output error {e:.3g} > budget {out_budget.value:.3g}{suffix}"
-                          f"{locate(got.out, want_out)}; {wrong_where(x, out_budget.value)}"))
+                          f"{locate(got.out, want_out)}"))
         if want_lse is not None and "lse" in self.has:
             errors = lse_errors(got.lse, want_lse, self.empty_lse)
             error = float(errors.max(initial=0.0))
-            parts.append((error / lse_budget.value, error, lse_budget, lambda e=error, x=errors:
+            parts.append((error / lse_budget.value, error, lse_budget, errors, lambda e=error:
                           lse_message(got.lse, want_lse, e, lse_budget, self.empty_lse)
-                          + f"{suffix}; {wrong_where(x, lse_budget.value)}"))
-        _, error, budget, message = max(parts, key=lambda part: part[0])
+                          + suffix))
+        _, error, budget, errors, message = max(parts, key=lambda part: part[0])
         if error > budget.value:
-            return Result.of(check, Status.FAILED, error, budget, message())
+            rows, heads = wrong_rows_heads(errors, budget.value)
+            return Result.of(check, Status.FAILED, error, budget,
+                             f"{message()}; wrong in rows {rows}, heads {heads}", heads)
         if want_out is self.reference[0]:
             admitted = admitted_answers(out_budget.value, out_budget.table, self.trivial,
                                         want_out)
