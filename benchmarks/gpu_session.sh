@@ -36,7 +36,8 @@
 #   bash benchmarks/gpu_session.sh explore-variants    # explore --fp8 on the fp8 backends and
 #        explore (which draws the modifiers where claimed) on the modifier ones, side by side
 #   bash benchmarks/gpu_session.sh speed               # issue 22: SPEED_BACKEND's ci cold and
-#        warm, numpy's ci, then SPEED_BACKEND's full warm (cut at FULL_TIMEOUT), -j JOBS (16)
+#        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
+#        FULL_TIMEOUT), -j JOBS
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -287,7 +288,8 @@ PY
     ;;
   speed)
     # issue 22: the harness's own speed. SPEED_BACKEND (triton-splitkv) ci with cold compile
-    # caches, then warm; numpy ci; then full, warm, cut at FULL_TIMEOUT seconds
+    # caches, then warm (JOBS, then half as many); numpy ci; then full, warm, cut at
+    # FULL_TIMEOUT seconds
     backend=${SPEED_BACKEND:-triton-splitkv}
     jobs=${JOBS:-16}
     timed() {  # NAME TIMEOUT ARGS...: one run, its wall time and exit status in runs.txt
@@ -303,6 +305,8 @@ PY
     }
     timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
     timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
+    # half the jobs: each job's harness and worker then have a CPU each, and wait by polling
+    jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
     timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
     ;;
