@@ -14,7 +14,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from conformance.wire import CPUS, POLL_VARIABLE
+from conformance.polling import CPUS, POLL_VARIABLE
 
 
 def gpu_count() -> int:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from conformance.dtypes import DTYPES
+from conformance.polling import poll_readable, poll_seconds, readable
 
 HEADER = struct.Struct("!Q")
 MAX_REPLY_BYTES = 1 << 31  # no reply of the contract comes near; a larger length is a lie
@@ -128,56 +129,10 @@ def receive_frame(sock: socket.socket, deadline: float | None, exited: Callable[
                     if length == 0:
                         return b""
                 continue
-            if exited() and not _readable(sock):
+            if exited() and not readable(sock):
                 raise PeerGoneError("the worker ended")
     finally:
         sock.setblocking(True)
-
-
-def _readable(sock: socket.socket) -> bool:
-    return bool(select.select([sock], [], [], 0)[0])
-
-
-# --- waiting: poll while a CPU is spare, then sleep ---------------------------------------------
-
-POLL_VARIABLE = "CONFORMANCE_POLL_SECONDS"  # the environment's say (0: never poll)
-POLL_SECONDS = 0.005  # how long a side that waits for the other polls before it sleeps
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def poll_seconds() -> float:
-    try:
-        return float(os.environ.get(POLL_VARIABLE, POLL_SECONDS))
-    except ValueError:
-        return POLL_SECONDS
-
-
-def poll_readable(sock: socket.socket, seconds: float) -> bool:
-    """Whether ``sock`` became readable while polling it for up to ``seconds``, which only
-    happens while the machine runs no more tasks than this process has CPUs (else at once
-    False: the caller sleeps in ``select``). Harness and worker take turns, a call at a
-    time; a side that sleeps is woken by the other's frame, and on a virtual machine that
-    wake-up cost 0.2-0.3 ms a call, a fifth of the NumPy ``ci`` run (docs/isolation.md)."""
-    if seconds <= 0 or not spare_cpu():
-        return False
-    end = time.monotonic() + seconds
-    while True:
-        if _readable(sock):
-            return True
-        if time.monotonic() >= end:
-            return False
-        os.sched_yield()
-
-
-def spare_cpu() -> bool:
-    """Whether the machine runs no more tasks than this process may use CPUs (Linux's
-    ``/proc/loadavg`` counts the runnable ones, this process included)."""
-    try:
-        with open("/proc/loadavg", "rb") as stream:
-            runnable = int(stream.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    return runnable <= CPUS
 
 
 # --- harness to worker: a pickle with its arrays in shared memory -----------------------------

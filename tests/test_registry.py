@@ -61,6 +61,7 @@ def test_workers_are_spread_one_per_gpu(monkeypatch):
 def test_xdist_workers_are_spread_one_per_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)  # polling: test_polling
     assert xdist_worker_environment() == {"CUDA_VISIBLE_DEVICES": "5"}
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     assert xdist_worker_environment() == {}  # not under xdist: leave the GPUs alone
