@@ -1,6 +1,6 @@
-"""The house rules a newcomer relies on (docs/design.md §2): no module of the suite is longer
-than one sitting's read, the layout table names every module, and no import goes round in a
-circle."""
+"""The house rules a newcomer relies on (docs/design.md §2): no module of the suite, nor the
+README, is longer than one sitting's read, the layout table names every module, and no import
+goes round in a circle."""
 
 import ast
 from pathlib import Path
@@ -11,6 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 MODULES = sorted(p for folder in ("conformance", "backends", "references")
                  for p in (ROOT / folder).rglob("*.py"))
+
+
+README_BYTES = 12 * 1024  # a newcomer reads it in one sitting; the rest lives in docs/
+
+
+def test_the_readme_is_read_in_one_sitting():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_BYTES, (f"README.md has {size} bytes; move details to docs/ (at most "
+                                  f"{README_BYTES})")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
