@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend, Capabilities
-from conformance.dtypes import FP8_DTYPES, SCALE_MODES
+from conformance.dtypes import FP8_DTYPES, SCALE_MODES, widened
 from conformance.problem import Problem
 
 F32 = np.float32
@@ -72,7 +72,7 @@ class NumpySplitK(Backend):
     def codes(self, problem: Problem, block: int) -> tuple[np.ndarray, np.ndarray]:
         """What page ``block`` stores, as float32 (an fp8 code's value is exact there). An
         MLA page's values are the view of its keys' latents (``Problem.v_pages``)."""
-        return problem.k_pages[block].astype(F32), problem.v_pages[block].astype(F32)
+        return widened(problem.k_pages[block], F32), widened(problem.v_pages[block], F32)
 
     def page_scales(self, scale: np.ndarray, block: int) -> np.ndarray:
         """``(page_size or 1, kv_heads or 1)`` float32 scales of one page's tokens."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conformance.dtypes import widened
+
 
 def kept_tokens(context_len: int, window: int | None, sinks: int, query_len: int = 1,
                 token: int = 0, drafts_seen: np.ndarray | None = None) -> np.ndarray:
@@ -79,7 +81,7 @@ def token_scales(scale: np.ndarray, pages: np.ndarray, slots: np.ndarray,
 
 def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """What fp8 codes ``(tokens, heads, dim)`` denote: ``code * scale``, exactly, in float64."""
-    return codes.astype(np.float64) * scales[..., None]
+    return widened(codes, np.float64) * scales[..., None]
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -142,7 +144,7 @@ def decode_reference(q: np.ndarray, k_pages: np.ndarray, v_pages: np.ndarray,
     accumulate = np.float64 if precision == np.float64 else np.float32
 
     def rounded(x: np.ndarray) -> np.ndarray:
-        return np.asarray(x).astype(precision).astype(accumulate)
+        return np.asarray(x).astype(precision, copy=False).astype(accumulate, copy=False)
 
     modifiers = Modifiers(accumulate, sm_scale, soft_cap, sink_logits, alibi_slopes,
                           lse_includes_sink)

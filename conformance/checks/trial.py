@@ -228,8 +228,8 @@ class Trial:
         for r, b in enumerate(problem.row_sequence):
             k, v = gather_sequence(problem.k_pages, problem.v_pages, problem.block_table[b],
                                    problem.kept(r), problem.k_scale, problem.v_scale)
-            keys.append(k.astype(np.float64))
-            values.append(v.astype(np.float64))
+            keys.append(k.astype(np.float64, copy=False))
+            values.append(v.astype(np.float64, copy=False))
         return keys, values
 
     @cached_property
