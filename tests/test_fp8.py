@@ -12,7 +12,7 @@ import pytest
 from conformance.backends.base import Capabilities
 from conformance.bench import select_shapes
 from conformance.checks import Trial
-from conformance.dtypes import fp8_max, fp8_smallest_normal
+from conformance.dtypes import FP8_DTYPES, fp8_max, fp8_smallest_normal, widened
 from conformance.materialise import logical_kv, materialise
 from conformance.references import decode_reference, kept_tokens
 from conformance.references.decode import token_scales
@@ -104,6 +104,16 @@ def test_spread_puts_the_per_head_scales_1000x_apart_and_keeps_the_scores():
     _, lse = decode_reference(plain.q, plain.k_pages, plain.v_pages, plain.block_table,
                               plain.context_lens, sm_scale=plain.sm_scale)
     assert np.nanmax(np.abs(lse[np.isfinite(lse)])) < 20
+
+
+@pytest.mark.parametrize("name", FP8_DTYPES)
+@pytest.mark.parametrize("target", [np.float32, np.float64])
+def test_codes_widen_to_the_bits_ml_dtypes_gives_them(name, target):
+    """The table that widens codes fast holds every code's value, NaN and inf as they are."""
+    codes = np.arange(256, dtype=np.uint8).view(FP8_DTYPES[name]).reshape(8, 32)[:, ::3]
+    got = widened(codes, target)
+    assert got.dtype == target and got.shape == codes.shape
+    assert got.tobytes() == codes.astype(target).tobytes()
 
 
 @pytest.mark.parametrize("mode", ["per-tensor", "per-head", "per-token"])
