@@ -69,6 +69,9 @@ def quantize(values: np.ndarray, scales: np.ndarray, name: str) -> np.ndarray:
     return np.clip(ratio, -top, top).astype(FP8_DTYPES[name])
 
 
+_FP8_NUMPY = frozenset(np.dtype(t) for t in FP8_DTYPES.values())
+
+
 def widened(values: np.ndarray, dtype: type) -> np.ndarray:
     """``values.astype(dtype)`` for a wider float ``dtype``, the same bits: fp8 codes through
     a table of their 256 values, since ml_dtypes converts them an element at a time (5 ns an
@@ -77,9 +80,6 @@ def widened(values: np.ndarray, dtype: type) -> np.ndarray:
     if source.itemsize == 1 and source in _FP8_NUMPY:
         return _fp8_table(source, np.dtype(dtype))[values.view(np.uint8)]
     return values.astype(dtype)
-
-
-_FP8_NUMPY = frozenset(np.dtype(t) for t in FP8_DTYPES.values())
 
 
 @functools.cache
