@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -97,6 +98,15 @@ def test_explore_finds_nothing_on_the_numpy_backend(seed):
     assert state.examples >= STANDING * 0.8
     assert not state.findings, {c: f.case.id + ": " + f.result.message
                                 for c, f in state.findings.items()}
+
+
+def test_explore_counts_what_it_judged_by_kind_and_variant():
+    seen: list = []
+    state = run_explore("numpy", 40, seed=5, observe=seen.append)
+    kinds = Counter(case.kind for case in seen)
+    assert state.drawn["gqa"] + state.drawn["mla"] == len(seen) == state.examples
+    assert state.drawn["mla"] == kinds["mla"] > 0
+    assert state.drawn["multi_token"] == sum(case.query_lens is not None for case in seen) > 0
 
 
 def test_the_same_seed_draws_the_same_examples():
