@@ -47,18 +47,25 @@ set -uo pipefail
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-for packed in .gpu-carry/*.tar.gz; do
-  [[ -e $packed ]] && tar -xzf "$packed"
-done
-if [[ -d .whl ]]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-# FlashInfer: benchmarks/flashinfer_carry.sh .flashinfer (made on a CPU machine), carried
-if [[ -d .flashinfer ]]; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/flashinfer .flashinfer/*.whl
-  python3 -c "import zipfile; zipfile.ZipFile('.flashinfer/flashinfer.zip').extractall('/tmp/flashinfer')"
-  export PYTHONPATH="/tmp/flashinfer:${PYTHONPATH:-}"
-fi
+# The carried folders are unpacked and installed once for what was carried: sessions started
+# side by side (one per job) wait on the lock rather than unpack over each other's imports.
+carried=$(ls -l --time-style=+%s .gpu-carry .whl .flashinfer 2>/dev/null | md5sum)
+(
+  flock 9
+  [[ $(cat /tmp/gpu-session.ready 2>/dev/null) == "$carried" ]] && exit 0
+  for packed in .gpu-carry/*.tar.gz; do
+    [[ -e $packed ]] && tar -xzf "$packed"
+  done
+  [[ -d .whl ]] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  # FlashInfer: benchmarks/flashinfer_carry.sh .flashinfer (made on a CPU machine), carried
+  if [[ -d .flashinfer ]]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/flashinfer .flashinfer/*.whl
+    python3 -c "import zipfile; zipfile.ZipFile('.flashinfer/flashinfer.zip').extractall('/tmp/flashinfer')"
+  fi
+  echo "$carried" > /tmp/gpu-session.ready
+) 9> /tmp/gpu-session.lock
+[[ -d .whl ]] && export PYTHONPATH=/tmp/site
+[[ -d .flashinfer ]] && export PYTHONPATH="/tmp/flashinfer:${PYTHONPATH:-}"
 [[ -d .tvm-runtime ]] && export PYTHONPATH="$PWD/.tvm-runtime:${PYTHONPATH:-}"
 [[ -d .aot ]] && export CONFORMANCE_TVM_AOT="$PWD/.aot"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
