@@ -18,6 +18,7 @@ from conformance.commands.listing import handle_backends, handle_list, handle_ne
 from conformance.commands.reports import handle_compare, handle_html, handle_summary
 from conformance.commands.run import handle_expectations, handle_merge, handle_run
 from conformance.manifest import ManifestError
+from conformance.profiling import profiled
 from conformance.session import DEFAULT_CASE_TIMEOUT, MAX_SECONDS
 from conformance.spec import DEFAULT_MAX_CASE_MIB, SpecError
 
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if hasattr(args, "cache_dir"):  # a command that loads backends
             use_cache_dir(args.cache_dir)
-        return args.handler(args)
+        with profiled("harness"):
+            return args.handler(args)
     except BrokenPipeError:  # `list | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from conformance.polling import CPUS, POLL_VARIABLE
+from conformance.profiling import profiled
 
 
 def gpu_count() -> int:
@@ -65,9 +66,10 @@ def polling_environment(jobs: int) -> dict[str, str]:
 
 def _serve(conn: Connection, work: Callable[[Any], Any], env: dict[str, str]) -> None:
     os.environ.update(env)
-    while (task := conn.recv()) is not None:
-        index, item = task
-        conn.send((index, work(item)))
+    with profiled("pool"):
+        while (task := conn.recv()) is not None:
+            index, item = task
+            conn.send((index, work(item)))
 
 
 def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,

@@ -24,6 +24,7 @@ import numpy as np
 
 from conformance.backends.base import AttentionState, Backend
 from conformance.problem import Problem
+from conformance.profiling import profiled
 from conformance.wire import Mapped, encode_reply, receive_frame_blocking, send_frame
 
 
@@ -254,7 +255,8 @@ _C_FFLUSH = _c_fflush()  # looked up once: a dlopen per call cost more than the 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when a worker ends
     faulthandler.enable()  # a native crash prints the Python stack into the captured output
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    with profiled("worker"):
+        serve(socket.socket(fileno=int(sys.argv[1])))
 
 
 if __name__ == "__main__":
