@@ -38,6 +38,8 @@
 #   bash benchmarks/gpu_session.sh speed               # issue 22: SPEED_BACKEND's ci cold and
 #        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
 #        FULL_TIMEOUT), -j JOBS
+#   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
+#        warm, then warm with every process profiled (profile-report.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -312,10 +314,26 @@ PY
     }
     timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
     timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
+    if [[ ${SPEED_STEPS:-all} == ci-only ]]; then
+      CONFORMANCE_PROFILE=$OUT/profile timed "ci-$backend-warm-profiled" 300 --backend "$backend" \
+        --profile ci
+      python3 benchmarks/profile_report.py "$OUT/profile" --top 40 > "$OUT/profile-report.txt"
+      python3 benchmarks/profile_report.py "$OUT/profile" --top 40 --sort cumtime \
+        > "$OUT/profile-report-cumtime.txt"
+      tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
+      grep "^==" "$OUT/profile-report.txt"
+      exit 0
+    fi
     # half the jobs: each job's harness and worker then have a CPU each, and wait by polling
     jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
     timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
+    ;;
+  speed-profile)
+    # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
+    # the compile caches), warm, then warm with every process profiled
+    # (CONFORMANCE_PROFILE), summed per role by benchmarks/profile_report.py
+    SPEED_STEPS=ci-only bash "$0" speed
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
