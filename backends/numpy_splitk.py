@@ -57,6 +57,8 @@ class NumpySplitK(Backend):
         if block < 0:
             return None
         keys, values = self.page(problem, block)
+        if valid.all():  # a whole page: nothing to mask (most pages of a long context)
+            return keys, values
         return (np.where(valid[:, None, None], keys, F32(0)),
                 np.where(valid[:, None, None], values, F32(0)))
 

@@ -121,11 +121,15 @@ class Problem:
     @property
     def row_sequence(self) -> np.ndarray:
         """``(tokens,)``: the sequence of each query row."""
+        if self.query_lens is None:  # one row a sequence (asked per row by kernels' loops)
+            return np.arange(self.batch)
         return np.repeat(np.arange(self.batch), self.row_lens)
 
     @property
     def query_positions(self) -> np.ndarray:
         """``(tokens,)``: the context position of each query row."""
+        if self.query_lens is None:
+            return self.context_lens.astype(np.int64) - 1
         lens = self.row_lens
         draft = np.arange(self.tokens) - np.repeat(self.query_start[:-1], lens)
         return np.repeat(self.context_lens.astype(np.int64) - lens, lens) + draft
