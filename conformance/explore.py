@@ -76,11 +76,11 @@ class Exploration:
     still_failing: int = 0  # of those, how many fail again
     # the judged (claimed) examples per kind and variant, so that a report says how much of
     # the space it reached: MLA and GQA, then each feature and fp8
-    drawn: Counter[str] = field(default_factory=Counter)
+    judged: Counter[str] = field(default_factory=Counter)
 
 
 def variants_of(case: Case) -> list[str]:
-    """The kind of a case and the variants it exercises, as ``Exploration.drawn`` counts."""
+    """The kind of a case and the variants it exercises, as ``Exploration.judged`` counts."""
     return [case.kind, *sorted(case.features), *(["fp8"] if case.kv_dtype else [])]
 
 
@@ -224,7 +224,7 @@ def explore(backend: BackendRun, settings: RunSettings, max_examples: int = 200,
                          time_budget - (clock() - started))
             if handle.unsupported_reason(case):
                 return
-            state.drawn.update(variants_of(case))
+            state.judged.update(variants_of(case))
             record = evaluate_case(backend, case, settings)
             # failed or erred: a manifest's known failures are not news, nor are its entries
             # that a drawn case happens to pass (patterns are written for listed cases)

@@ -104,9 +104,9 @@ def test_explore_counts_what_it_judged_by_kind_and_variant():
     seen: list = []
     state = run_explore("numpy", 40, seed=5, observe=seen.append)
     kinds = Counter(case.kind for case in seen)
-    assert state.drawn["gqa"] + state.drawn["mla"] == len(seen) == state.examples
-    assert state.drawn["mla"] == kinds["mla"] > 0
-    assert state.drawn["multi_token"] == sum(case.query_lens is not None for case in seen) > 0
+    assert state.judged["gqa"] + state.judged["mla"] == len(seen) == state.examples
+    assert state.judged["mla"] == kinds["mla"] > 0
+    assert state.judged["multi_token"] == sum(case.query_lens is not None for case in seen) > 0
 
 
 def test_the_same_seed_draws_the_same_examples():

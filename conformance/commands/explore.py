@@ -63,9 +63,9 @@ def handle_explore(args: argparse.Namespace) -> int:
           f"{ended}, seed {args.seed}, "
           f"{state.rounds} round(s); "
           f"{len(state.findings)} failing check(s)")
-    if state.drawn:
+    if state.judged:
         print("judged: " + ", ".join(f"{name} {count}" for name, count in
-                                     state.drawn.most_common()))
+                                     state.judged.most_common()))
     entries, rows = [], []
     for number, finding in enumerate(state.findings.values(), start=1):
         name = entry_name(backend.label, finding, number)
@@ -90,7 +90,7 @@ def handle_explore(args: argparse.Namespace) -> int:
             {"schema": "paged-decode-conformance/explore/1", "backend": backend.label,
              "seed": args.seed, "examples": state.examples, "seconds": state.seconds,
              "stopped_early": state.stopped_early, "interrupted": state.interrupted,
-             "rounds": state.rounds, "drawn": dict(state.drawn),
+             "rounds": state.rounds, "judged": dict(state.judged),
              "findings": rows}, indent=1) + "\n")
     if state.interrupted:
         return 130
