@@ -39,7 +39,7 @@
 #        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
 #        FULL_TIMEOUT), -j JOBS
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
-#        warm, then warm with every process profiled (profile-report.txt, profile.tar.gz)
+#        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
 #   bash benchmarks/gpu_session.sh explore             # explore each of EXPLORE_BACKENDS for
 #        EXPLORE_SECONDS, side by side, spread over the GPUs (tvm-cuda from .aot-explore/:
@@ -71,6 +71,18 @@ carried=$(ls -l --time-style=+%s .gpu-carry .whl .flashinfer 2>/dev/null | md5su
 [[ -d .tvm-runtime ]] && export PYTHONPATH="$PWD/.tvm-runtime:${PYTHONPATH:-}"
 [[ -d .aot ]] && export CONFORMANCE_TVM_AOT="$PWD/.aot"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+
+timed() {  # NAME TIMEOUT ARGS...: one run (-j $jobs), its wall time and exit status in runs.txt
+  local name=$1 limit=$2 start rc; shift 2
+  start=$(date +%s.%N)
+  timeout "$limit" python3 -m conformance run -j "$jobs" --durations 12 \
+    --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s" \
+    | tee -a "$OUT/runs.txt"
+  tail -16 "$OUT/$name.log" >> "$OUT/runs.txt"
+  gzip -f "$OUT/$name.json" 2>/dev/null
+}
 
 case "${1:-conformance}" in
   conformance)
@@ -301,29 +313,8 @@ PY
     # FULL_TIMEOUT seconds
     backend=${SPEED_BACKEND:-triton-splitkv}
     jobs=${JOBS:-16}
-    timed() {  # NAME TIMEOUT ARGS...: one run, its wall time and exit status in runs.txt
-      local name=$1 limit=$2 start rc; shift 2
-      start=$(date +%s.%N)
-      timeout "$limit" python3 -m conformance run -j "$jobs" --durations 12 \
-        --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
-      rc=$?
-      echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s" \
-        | tee -a "$OUT/runs.txt"
-      tail -16 "$OUT/$name.log" >> "$OUT/runs.txt"
-      gzip -f "$OUT/$name.json" 2>/dev/null
-    }
     timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
     timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
-    if [[ ${SPEED_STEPS:-all} == ci-only ]]; then
-      CONFORMANCE_PROFILE=$OUT/profile timed "ci-$backend-warm-profiled" 300 --backend "$backend" \
-        --profile ci
-      python3 benchmarks/profile_report.py "$OUT/profile" --top 40 > "$OUT/profile-report.txt"
-      python3 benchmarks/profile_report.py "$OUT/profile" --top 40 --sort cumtime \
-        > "$OUT/profile-report-cumtime.txt"
-      tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
-      grep "^==" "$OUT/profile-report.txt"
-      exit 0
-    fi
     # half the jobs: each job's harness and worker then have a CPU each, and wait by polling
     jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
@@ -333,7 +324,18 @@ PY
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
     # the compile caches), warm, then warm with every process profiled
     # (CONFORMANCE_PROFILE), summed per role by benchmarks/profile_report.py
-    SPEED_STEPS=ci-only bash "$0" speed
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    jobs=${JOBS:-16}
+    timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
+    timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
+    CONFORMANCE_PROFILE=$OUT/profile timed "ci-$backend-warm-profiled" 300 \
+      --backend "$backend" --profile ci
+    for order in tottime cumtime; do
+      python3 benchmarks/profile_report.py "$OUT/profile" --top 40 --sort "$order" \
+        > "$OUT/profile-report-$order.txt"
+    done
+    tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
+    grep "^==" "$OUT/profile-report-tottime.txt"
     ;;
   pytest-bench)
     bench=(python3 -m pytest benchmarks -p no:cacheprovider --bench-backend "${BENCH_BACKEND:-triton-splitkv}"
