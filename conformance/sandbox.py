@@ -103,7 +103,7 @@ REPLIES: dict[str, Callable[[str, Any], Any]] = {
     "timing_device": _reply_of(list, "timing_device"),
     "bench": _reply_of(dict, "bench"),
     "decode": _reply_of(type(None), "decode"),
-    "merge": lambda label, value: value,  # read by merge itself
+    "merges": lambda label, value: value,  # read by merges itself
 }
 
 
@@ -146,14 +146,49 @@ class BackendHandle:
             return out, lse, mutated
         return result
 
-    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        value, handed = self.submit("merge", a, b)()
+    def merges(self, pairs: list[tuple[AttentionState, AttentionState]]
+               ) -> list[AttentionState | BackendError | ContractError]:
+        """Independent merges in one request (more only where one loses the device): each the
+        merged state, or the fault a call of its own would have raised. Each pair gets its
+        own copies, so a merge that writes its inputs is caught on its own."""
+        own = [tuple(AttentionState(s.out.copy(), s.lse.copy()) for s in pair) for pair in pairs]
+        done: list[AttentionState | BackendError | ContractError] = []
+        while len(done) < len(own):
+            rest = own[len(done):]
+            try:
+                value, handed = self.submit("merges", rest)()
+            except (BackendError, ContractError) as exc:  # died, timed out: all that is left
+                return done + [exc] * len(rest)
+            if not (isinstance(value, list) and 0 < len(value) <= len(rest) and all(
+                    isinstance(r, list) and len(r) == 3 for r in value)):
+                fault = ContractError(f"{self.label}'s merges sent back {str(value)[:120]}, "
+                                      f"not a reply for each merge")
+                return done + [fault] * len(rest)
+            done += [self._merged(a, b, reply, handed)
+                     for (a, b), reply in zip(rest, value, strict=False)]
+        return done
+
+    def _merged(self, a: AttentionState, b: AttentionState, reply: list, handed: Handed
+                ) -> AttentionState | BackendError | ContractError:
+        kind, value, lost = reply
+        if kind == "contract":
+            return ContractError(str(value))
+        if kind != "ok":
+            return BackendError(str(value) + self._lost("merge", lost, str(value)))
         inputs = {"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse}
         changed = [name for name, array in inputs.items() if handed.changed(array)]
         if changed:
-            raise ContractError(f"{self.label}'s merge modified its inputs: "
-                                f"{', '.join(changed)}")
-        return check_merged(self.label, a, *_merged_arrays(self.label, value))
+            return ContractError(f"{self.label}'s merge modified its inputs: "
+                                 f"{', '.join(changed)}")
+        try:
+            return check_merged(self.label, a, *_merged_arrays(self.label, value))
+        except ContractError as exc:
+            return exc
+
+    def _lost(self, what: str, lost: Any, error: str) -> str:
+        """What a call's ``error`` adds when it lost the device (``lost``: the worker's word;
+        the isolated handle replaces its worker)."""
+        return ""
 
     def unsupported_reason(self, case: Any) -> str | None:
         if not self.declared.own_limits:
@@ -222,8 +257,8 @@ class InProcessBackend(BackendHandle):
             if isinstance(exc, KeyboardInterrupt) and interrupted():
                 raise
             raise BackendError(f"{name} raised {describe_exception(exc)}") from exc
-        if name == "merge":  # plain arrays, as a worker would send them
-            result = {key: np.array(value, copy=True) for key, value in result.items()}
+        if name == "merges":  # plain arrays, as a worker would send them
+            result = copy.deepcopy(result)
 
         def changed(array: np.ndarray) -> bool:
             mine = copies[id(array)]
@@ -371,13 +406,16 @@ class IsolatedBackend(BackendHandle):
         if kind == "unavailable":
             self.unavailable = f"backend {self.label} is unavailable in the worker process: {value}"
             self._fail(self.unavailable)
-        message = str(value)
-        lost = lost if isinstance(lost, str) and lost else device_lost(message)
-        if lost:  # every later call in that process would fail: replace it before the next
-            self.restarts.append(f"{what}: {lost}")
-            self._stop()
-            message += f"; the worker was replaced ({lost})"
-        raise BackendError(message)
+        raise BackendError(str(value) + self._lost(what, lost, str(value)))
+
+    def _lost(self, what: str, lost: Any, error: str) -> str:
+        lost = lost if isinstance(lost, str) and lost else device_lost(error)
+        if not lost:
+            return ""
+        # every later call in that process would fail: replace it before the next
+        self.restarts.append(f"{what}: {lost}")
+        self._stop()
+        return f"; the worker was replaced ({lost})"
 
     def _time_out(self, what: str) -> None:
         self.timed_out = f"the case timed out after {self.timeout:g} s in {what}"

@@ -90,6 +90,19 @@ def call_merge(backend: Backend, a: AttentionState, b: AttentionState) -> dict:
     return arrays
 
 
+def call_merges(backend: Backend, pairs: list[tuple[AttentionState, AttentionState]]
+                ) -> list[list]:
+    """Independent merges in one request, each with the reply a call of its own would have
+    had; a merge that loses the device ends the list (the harness sends the rest to a fresh
+    worker). One round trip for a check's merges rather than one for each."""
+    replies = []
+    for a, b in pairs:
+        replies.append(_outcome("merge", lambda a=a, b=b: call_merge(backend, a, b)))
+        if replies[-1][2]:
+            break
+    return replies
+
+
 def call_unsupported_reason(backend: Backend, case: Any) -> str | None:
     reason = backend.unsupported_reason(case)
     if reason is not None and not isinstance(reason, str):
@@ -129,7 +142,7 @@ def call_device(backend: Backend) -> str:
 
 
 CALLS: dict[str, Callable[..., Any]] = {
-    "decode": call_decode, "merge": call_merge, "unsupported_reason": call_unsupported_reason,
+    "decode": call_decode, "merges": call_merges, "unsupported_reason": call_unsupported_reason,
     "notes": call_notes, "bench": call_bench, "timing_device": call_timing_device,
     "device": call_device,
 }
@@ -191,23 +204,40 @@ def _describe(target: str) -> dict:
 
 
 def _answer(backend: Backend | None, message: tuple) -> tuple[list, Backend | None]:
-    """The reply to one request: [kind, value, why the device is lost or None]."""
+    """The reply to one request, and the backend from then on (``open`` loads it)."""
     kind = message[0]
-    try:
+    opened = backend
+
+    def work() -> Any:
+        nonlocal opened
         if kind == "describe":
-            return ["ok", _describe(message[1]), None], backend
+            return _describe(message[1])
         if kind == "open":
-            backend, reason = _open(message[1])
-            return (["unavailable", reason, None] if backend is None else ["ok", None, None],
-                    backend)
+            opened, reason = _open(message[1])
+            if opened is None:
+                raise _UnavailableError(reason)
+            return None
         _, name, args = message
-        return ["ok", CALLS[name](backend, *args), None], backend
+        return CALLS[name](backend, *args)
+    return _outcome(message[1] if kind == "call" else "loading the backend", work), opened
+
+
+class _UnavailableError(Exception):
+    """The backend cannot load here (its reason): not a fault of the case."""
+
+
+def _outcome(what: str, work: Callable[[], Any]) -> list:
+    """``work``'s reply: [kind, value, why the device is lost or None]. Whatever it raises,
+    ``SystemExit`` and ``KeyboardInterrupt`` too, is the case's fault, described."""
+    try:
+        return ["ok", work(), None]
+    except _UnavailableError as exc:
+        return ["unavailable", str(exc), None]
     except ContractError as exc:
-        return ["contract", str(exc), None], backend
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the case's fault
-        what = message[1] if kind == "call" else "loading the backend"
+        return ["contract", str(exc), None]
+    except BaseException as exc:
         text = f"{what} raised {describe_exception(exc)}"
-        return ["raised", text, device_lost(text) or device_health()], backend
+        return ["raised", text, device_lost(text) or device_health()]
 
 
 def serve(sock: socket.socket) -> None:

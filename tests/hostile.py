@@ -312,6 +312,52 @@ class MergeReturnsWrongDtypes(NumpySplitK):
         return AttentionState(out=merged.out.astype(np.float64), lse=merged.lse.astype(np.float16))
 
 
+def _both_empty(a, b) -> bool:
+    return bool(np.isneginf(a.lse).all() and np.isneginf(b.lse).all())
+
+
+class MergeRaisesOnEmpties(NumpySplitK):
+    """Raises on merge(empty, empty) only: the sub-checks that ask it err, though the merge
+    check sends its merges together."""
+
+    name = "hostile-merge-raises"
+
+    def merge(self, a, b):
+        if _both_empty(a, b):
+            raise RuntimeError("division by zero in the combine")
+        return super().merge(a, b)
+
+
+_MERGE_LOST_DEVICE = False
+
+
+class MergeLosesDeviceOnEmpties(NumpySplitK):
+    """merge(empty, empty) loses the device, and every later call in that process fails:
+    the merges sent with it run again in a fresh worker."""
+
+    name = "hostile-merge-lost"
+
+    def merge(self, a, b):
+        global _MERGE_LOST_DEVICE
+        if _MERGE_LOST_DEVICE or _both_empty(a, b):
+            _MERGE_LOST_DEVICE = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().merge(a, b)
+
+
+class MergeWritesEmptyInputs(NumpySplitK):
+    """Writes into the inputs of merge(empty, empty); the merges sent with it (merge(x,
+    empty) among them, whose empty state is the same array in the harness) keep theirs."""
+
+    name = "hostile-merge-writes"
+
+    def merge(self, a, b):
+        merged = super().merge(a, b)
+        if _both_empty(a, b):
+            a.out[...], b.out[...] = 1, 1
+        return merged
+
+
 class NotesItsCacheDirs(NumpySplitK):
     """Says, in its notes, where its worker's compile caches are (``--cache-dir``)."""
 

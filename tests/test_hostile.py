@@ -140,6 +140,28 @@ def test_a_merge_outside_the_contract_fails_the_merge_checks(tmp_path, backend, 
     assert all(what in r["message"] and "merge" in r["message"] for r in merge)
 
 
+@pytest.mark.parametrize("backend,status,what", [
+    ("MergeRaisesOnEmpties", "error", "division by zero"),
+    ("MergeLosesDeviceOnEmpties", "error", "the worker was replaced"),
+    ("MergeWritesEmptyInputs", "failed", "modified its inputs"),
+])
+def test_a_faulty_merge_costs_only_the_sub_checks_that_asked_it(tmp_path, backend, status,
+                                                               what):
+    # The merge check sends a round of merges to the worker in one request. These backends
+    # misbehave on merge(empty, empty) only: merge/both-empty asks it (merge/associative
+    # may, when two segments are empty); every other sub-check, whose merges went in the
+    # same request, before it or after it, must pass.
+    result, report = run_with_reports(tmp_path, backend, "--check", "merge")
+    assert result.returncode == 1
+    merge = [r for r in report["results"] if r["check"].startswith("merge/")]
+    asked = [r for r in merge if r["check"] == "merge/both-empty"]
+    assert asked and {r["status"] for r in asked} == {status}
+    assert all(what in r["message"] for r in asked)
+    others = [r for r in merge if r["check"] not in ("merge/both-empty", "merge/associative")]
+    assert len({r["check"] for r in others}) == 6
+    assert {r["status"] for r in others} == {"passed"}
+
+
 @pytest.mark.parametrize("backend,what", [
     ("EmptyAvailability", "availability() returned ''"),
     ("FalseAvailability", "availability() returned False"),

@@ -88,11 +88,63 @@ def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
     return states
 
 
-def _fold(trial: Trial, states: list[AttentionState]) -> AttentionState:
-    merged = states[0]
-    for state in states[1:]:
-        merged = trial.merge(merged, state)
-    return merged
+class Merged:
+    """A merge a check asked for; ``state`` is its result once ``Merges.run`` has run (or
+    raises its fault, or the fault of the merge it needed)."""
+
+    def __init__(self, a: AttentionState | Merged, b: AttentionState | Merged):
+        self.inputs = (a, b)
+        self.result: AttentionState | Exception | None = None
+
+    @property
+    def state(self) -> AttentionState:
+        if isinstance(self.result, Exception):
+            raise self.result
+        if self.result is None:
+            raise RuntimeError("a merge read before Merges.run")
+        return self.result
+
+
+class Merges:
+    """The merges of a check, asked first and sent to the backend a round at a time: each
+    round is every merge whose inputs are known, in one request. The merge check needs three
+    rounds a case where it made eighteen calls; those round trips were a tenth of a NumPy
+    ``ci`` run (docs/isolation.md)."""
+
+    def __init__(self, trial: Trial):
+        self.trial = trial
+        self.asked: list[Merged] = []
+
+    def merge(self, a: AttentionState | Merged, b: AttentionState | Merged) -> Merged:
+        self.asked.append(Merged(a, b))
+        return self.asked[-1]
+
+    def fold(self, states: list[AttentionState]) -> Merged | AttentionState:
+        """Left to right, as a split-K kernel's combine walks its splits."""
+        merged: Merged | AttentionState = states[0]
+        for state in states[1:]:
+            merged = self.merge(merged, state)
+        return merged
+
+    def run(self) -> None:
+        while pending := [m for m in self.asked if m.result is None]:
+            ready = []
+            for merged in pending:
+                needed = [x.result for x in merged.inputs if isinstance(x, Merged)]
+                if any(r is None for r in needed):
+                    continue
+                # a merge whose input failed fails the same way, without a call
+                merged.result = next((r for r in needed if isinstance(r, Exception)), None)
+                if merged.result is None:
+                    ready.append(merged)
+            results = self.trial.merges([tuple(_state(x) for x in m.inputs) for m in ready]) \
+                if ready else []
+            for merged, result in zip(ready, results, strict=True):
+                merged.result = result
+
+
+def _state(item: AttentionState | Merged) -> AttentionState:
+    return item.state if isinstance(item, Merged) else item
 
 
 def check_merge(trial: Trial) -> list[Result]:
@@ -103,91 +155,122 @@ def check_merge(trial: Trial) -> list[Result]:
     base = trial.first_run
     if base.exception:
         return [errored("merge", base)]
-    ref_out, ref_lse = trial.reference
-    outcomes: list[Result] = []
+    plan = Merges(trial)
+    judges: list[tuple[str, Callable[[], Result]]] = []
     pieces: dict[str, list[AttentionState]] = {}
     for scheme in ("page", "inside-page", "empty-segments"):
         check = f"merge/segments-{scheme}"
         try:
             states = segment_states(trial, scheme)
-            if isinstance(states, str):
-                outcomes.append(Result.of(check, Status.ERROR, message=states))
-                continue
-            pieces[scheme] = states
-            merged = trial.with_sink(_fold(trial, states))
-            outcome = trial.compare(check, merged, ref_out, ref_lse, scale=len(states),
-                                    what=f"{len(states)} segments merged vs oracle",
-                                    out_floor=merge_rounding([s.lse for s in states],
-                                                             len(states) - 1))
-            outcomes.append(outcome)
         except Exception as exc:
-            outcomes.append(fault_outcome(check, exc))
+            judges.append((check, lambda check=check, exc=exc: fault_outcome(check, exc)))
+            continue
+        if isinstance(states, str):
+            judges.append((check, lambda check=check, states=states: Result.of(
+                check, Status.ERROR, message=states)))
+            continue
+        pieces[scheme] = states
+        judges.append((check, _segments(plan, trial, check, states)))
     empty = trial.empty_state()
-    algebra: list[tuple[str, Callable[[], Result]]] = [
-        ("merge/identity", lambda: _identity(trial, base.state, empty)),
-        ("merge/both-empty", lambda: _both_empty(trial, empty)),
-    ]
+    judges += [("merge/identity", _identity(plan, trial, base.state, empty)),
+               ("merge/both-empty", _both_empty(plan, trial, empty))]
     if "page" in pieces:
         a, b, c, *_ = pieces["page"]  # three segments (four with ALiBi's gap cut)
-        algebra += [
-            ("merge/commutative", lambda: trial.compare(
-                "merge/commutative", trial.merge(b, a), *_as_pair(trial.merge(a, b)),
-                what="merge(b, a) vs merge(a, b)")),
-            ("merge/associative", lambda: trial.compare(
-                "merge/associative", trial.merge(a, trial.merge(b, c)),
-                *_as_pair(trial.merge(trial.merge(a, b), c)), scale=2,
-                what="tree vs left-to-right",
-                out_floor=2 * merge_rounding([a.lse, b.lse, c.lse], 2))),
-            ("merge/lse-gap", lambda: _lse_gap(trial, a, b)),
-        ]
-    return outcomes + run_each(algebra)
+        judges += [("merge/commutative", _commutative(plan, trial, a, b)),
+                   ("merge/associative", _associative(plan, trial, a, b, c)),
+                   ("merge/lse-gap", _lse_gap(plan, trial, a, b))]
+    plan.run()
+    return run_each(judges)
+
+
+# Each sub-check below asks its merges of the plan now and returns its judgement, run once
+# the plan has run.
+
+
+def _segments(plan: Merges, trial: Trial, check: str, states: list[AttentionState]
+              ) -> Callable[[], Result]:
+    folded = plan.fold(states)
+    ref_out, ref_lse = trial.reference
+    return lambda: trial.compare(check, trial.with_sink(_state(folded)), ref_out, ref_lse,
+                                 scale=len(states), what=f"{len(states)} segments merged vs oracle",
+                                 out_floor=merge_rounding([s.lse for s in states], len(states) - 1))
 
 
 def _as_pair(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(state.out, dtype=np.float64), state.lse
 
 
-def _identity(trial: Trial, state: AttentionState, empty: AttentionState) -> Result:
-    for order, merged in (("merge(x, empty)", trial.merge(state, empty)),
-                          ("merge(empty, x)", trial.merge(empty, state))):
-        outcome = trial.compare("merge/identity", merged, *_as_pair(state), what=order)
-        if outcome.status != Status.PASSED:
-            return outcome
-    return outcome
+def _identity(plan: Merges, trial: Trial, state: AttentionState, empty: AttentionState
+              ) -> Callable[[], Result]:
+    asked = (("merge(x, empty)", plan.merge(state, empty)),
+             ("merge(empty, x)", plan.merge(empty, state)))
+
+    def judge() -> Result:
+        for order, merged in asked:
+            outcome = trial.compare("merge/identity", merged.state, *_as_pair(state), what=order)
+            if outcome.status != Status.PASSED:
+                return outcome
+        return outcome
+    return judge
 
 
-def _both_empty(trial: Trial, empty: AttentionState) -> Result:
-    merged = trial.merge(empty, replace(empty, out=empty.out.copy(), lse=empty.lse.copy()))
-    out = np.asarray(merged.out, dtype=np.float64)
-    error = lse_error(merged.lse, np.full(merged.lse.shape, -np.inf), trial.empty_lse)
-    if np.isnan(out).any() or np.any(out != 0) or not math.isfinite(error):
-        return Result.of("merge/both-empty", Status.FAILED, math.inf, message=(
-            f"merge(empty, empty) gave {int(np.isnan(out).sum())} NaN and "
-            f"{int(np.sum(np.nan_to_num(out) != 0))} non-zero output values, LSE "
-            f"{float(merged.lse.flat[0])!r}; want 0 and {trial.empty_lse!r}"))
-    return Result.of("merge/both-empty", Status.PASSED, 0.0)
+def _both_empty(plan: Merges, trial: Trial, empty: AttentionState) -> Callable[[], Result]:
+    asked = plan.merge(empty, replace(empty, out=empty.out.copy(), lse=empty.lse.copy()))
+
+    def judge() -> Result:
+        merged = asked.state
+        out = np.asarray(merged.out, dtype=np.float64)
+        error = lse_error(merged.lse, np.full(merged.lse.shape, -np.inf), trial.empty_lse)
+        if np.isnan(out).any() or np.any(out != 0) or not math.isfinite(error):
+            return Result.of("merge/both-empty", Status.FAILED, math.inf, message=(
+                f"merge(empty, empty) gave {int(np.isnan(out).sum())} NaN and "
+                f"{int(np.sum(np.nan_to_num(out) != 0))} non-zero output values, LSE "
+                f"{float(merged.lse.flat[0])!r}; want 0 and {trial.empty_lse!r}"))
+        return Result.of("merge/both-empty", Status.PASSED, 0.0)
+    return judge
 
 
-def _lse_gap(trial: Trial, a: AttentionState, b: AttentionState) -> Result:
+def _commutative(plan: Merges, trial: Trial, a: AttentionState, b: AttentionState
+                 ) -> Callable[[], Result]:
+    ba, ab = plan.merge(b, a), plan.merge(a, b)
+    return lambda: trial.compare("merge/commutative", ba.state, *_as_pair(ab.state),
+                                 what="merge(b, a) vs merge(a, b)")
+
+
+def _associative(plan: Merges, trial: Trial, a: AttentionState, b: AttentionState,
+                 c: AttentionState) -> Callable[[], Result]:
+    tree, chain = plan.merge(a, plan.merge(b, c)), plan.merge(plan.merge(a, b), c)
+    return lambda: trial.compare("merge/associative", tree.state, *_as_pair(chain.state),
+                                 scale=2, what="tree vs left-to-right",
+                                 out_floor=2 * merge_rounding([a.lse, b.lse, c.lse], 2))
+
+
+def _lse_gap(plan: Merges, trial: Trial, a: AttentionState, b: AttentionState
+             ) -> Callable[[], Result]:
     """States whose LSEs differ by more than 100, and states at |LSE| ~ 3e4."""
     live = np.isfinite(a.lse) & np.isfinite(b.lse) & (a.lse != trial.empty_lse) & \
         (b.lse != trial.empty_lse)
-    worst: Result | None = None
+    asked = []
     for shift_a, shift_b in ((150.0, 0.0), (0.0, 150.0), (3e4, 3e4 - 120.0)):
         sa = AttentionState(out=a.out, lse=np.where(live, a.lse + np.float32(shift_a), a.lse)
                             .astype(np.float32))
         sb = AttentionState(out=b.out, lse=np.where(live, b.lse + np.float32(shift_b), b.lse)
                             .astype(np.float32))
-        ref_out, ref_lse = merge_reference(sa.out, np.where(live, sa.lse, -np.inf), sb.out,
-                                           np.where(live, sb.lse, -np.inf))
-        merged = trial.merge(sa, sb)
-        keep = np.where(live[..., None], merged.out, 0)
-        want = np.where(live[..., None], ref_out, 0)
-        outcome = trial.compare("merge/lse-gap", AttentionState(keep, np.where(
-            live, merged.lse, trial.empty_lse).astype(np.float32)), want, ref_lse,
-            what=f"LSE shifted by {shift_a:g} and {shift_b:g}")
-        if worst is None or outcome.status != Status.PASSED:
-            worst = outcome
-        if outcome.status != Status.PASSED:
-            break
-    return worst
+        asked.append((shift_a, shift_b, sa, sb, plan.merge(sa, sb)))
+
+    def judge() -> Result:
+        worst: Result | None = None
+        for shift_a, shift_b, sa, sb, merged in asked:
+            ref_out, ref_lse = merge_reference(sa.out, np.where(live, sa.lse, -np.inf), sb.out,
+                                               np.where(live, sb.lse, -np.inf))
+            keep = np.where(live[..., None], merged.state.out, 0)
+            want = np.where(live[..., None], ref_out, 0)
+            outcome = trial.compare("merge/lse-gap", AttentionState(keep, np.where(
+                live, merged.state.lse, trial.empty_lse).astype(np.float32)), want, ref_lse,
+                what=f"LSE shifted by {shift_a:g} and {shift_b:g}")
+            if worst is None or outcome.status != Status.PASSED:
+                worst = outcome
+            if outcome.status != Status.PASSED:
+                break
+        return worst
+    return judge

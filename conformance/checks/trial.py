@@ -286,9 +286,11 @@ class Trial:
         """The canonical problem with NaN, not garbage, in every slot nothing may read."""
         return materialise(self.case, masked="nan", logical=self.logical)
 
-    def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        """The backend's merge; a result outside the contract raises ``ContractError``."""
-        return self.backend.merge(a, b)
+    def merges(self, pairs: list[tuple[AttentionState, AttentionState]]
+               ) -> list[AttentionState | Exception]:
+        """The backend's merges of independent pairs, in one request: each the merged state
+        or its fault (``ContractError`` for a result outside the contract)."""
+        return self.backend.merges(pairs)
 
     def with_sink(self, state: AttentionState) -> AttentionState:
         """A state over all of a row's tokens with the case's sink logits joined once
