@@ -22,6 +22,36 @@ def to_torch(array: np.ndarray, device: str = "cpu"):
     return torch.from_numpy(array.copy()).to(device)
 
 
+STAGED_ALIGN = 256  # bytes: where each array of a staged upload starts
+
+
+def to_torch_many(arrays: dict[str, np.ndarray], device: str = "cpu") -> dict:
+    """``to_torch`` for several arrays in one host-to-device copy: views, each starting on
+    ``STAGED_ALIGN``, of one allocation. On the H200 with 16 workers sharing the GPU, a copy
+    per array cost 1.7 ms each, the largest share of a warm ``ci`` run (docs/isolation.md)."""
+    import torch
+
+    offsets, size = {}, 0
+    for name, array in arrays.items():
+        offsets[name] = size = -(-size // STAGED_ALIGN) * STAGED_ALIGN
+        size += array.nbytes
+    staged = np.empty(size, dtype=np.uint8)
+    for name, array in arrays.items():
+        staged[offsets[name]:offsets[name] + array.nbytes] = \
+            np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    moved = torch.from_numpy(staged).to(device)
+    return {name: moved[offsets[name]:offsets[name] + array.nbytes].view(_torch_dtype(array))
+            .view(array.shape) for name, array in arrays.items()}
+
+
+def _torch_dtype(array: np.ndarray):
+    import torch
+
+    if array.dtype.name in VIEWED:
+        return getattr(torch, array.dtype.name)
+    return torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+
+
 def to_numpy(tensor, like: np.ndarray) -> np.ndarray:
     """The tensor's values as a NumPy array of ``like``'s dtype (cast if the dtypes differ)."""
     import torch

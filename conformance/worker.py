@@ -165,18 +165,26 @@ def device_lost(text: str) -> str | None:
 
 def device_health() -> str | None:
     """After an error: None when the GPU this process uses still works (synchronise,
-    allocate, compute, copy back), else why not. Nothing to probe without CUDA in use."""
+    allocate, compute, copy back), else why not. Nothing to probe without CUDA in use.
+
+    A launch error that is not sticky (an invalid launch configuration) stays pending until
+    the next call asks for it, so the first probe can report the backend's own error: only a
+    second failure means the device is gone. FlashInfer's ``merge_state`` at 128 heads of 512
+    left such an error, and every merge replaced the worker (docs/gpu-results.md)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
-    try:
-        torch.cuda.synchronize()
-        probe = torch.ones(4, device="cuda") + 1
-        if float(probe.sum().cpu()) != 8.0:
-            return "the device health probe computed a wrong sum"
-    except BaseException as exc:
-        return f"the device health probe failed: {type(exc).__name__}: {str(exc)[:200]}"
-    return None
+    failure = None
+    for _ in range(2):
+        try:
+            torch.cuda.synchronize()
+            probe = torch.ones(4, device="cuda") + 1
+            if float(probe.sum().cpu()) != 8.0:
+                return "the device health probe computed a wrong sum"
+            return None
+        except BaseException as exc:
+            failure = f"the device health probe failed: {type(exc).__name__}: {str(exc)[:200]}"
+    return failure
 
 
 def _open(target: str) -> tuple[Backend | None, str]:

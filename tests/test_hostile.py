@@ -510,3 +510,58 @@ def test_a_bad_declaration_is_refused_when_the_backend_loads(tmp_path, declarati
     result = cli("run", "--backend", f"{source}:Declares", *SINKS)
     assert result.returncode == 2 and what in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+class _FakeTensor:
+    def __init__(self, value):
+        self.value = value
+
+    def __add__(self, other):
+        return _FakeTensor(self.value + other)
+
+    def sum(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def __float__(self):
+        return float(self.value * 4)
+
+
+class _FakeTorch:
+    """Just what the device health probe touches; ``failures`` calls fail, then it works."""
+
+    def __init__(self, failures):
+        outer = self
+        self.failures = failures
+
+        class cuda:  # noqa: N801 - torch's own name
+            @staticmethod
+            def is_initialized():
+                return True
+
+            @staticmethod
+            def synchronize():
+                if outer.failures:
+                    outer.failures -= 1
+                    raise RuntimeError("CUDA error: invalid argument")
+        self.cuda = cuda
+
+    @staticmethod
+    def ones(count, device):
+        return _FakeTensor(1)
+
+
+@pytest.mark.parametrize("failures,lost", [(0, False), (1, False), (2, True), (99, True)])
+def test_a_pending_launch_error_is_not_a_lost_device(monkeypatch, failures, lost):
+    # a non-sticky launch error (invalid argument) waits for the next call that asks: the
+    # probe's first try may meet the backend's own error; a device is lost only when the
+    # second fails too
+    from conformance import worker
+
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(failures))
+    health = worker.device_health()
+    assert (health is not None) == lost
+    if lost:
+        assert "invalid argument" in health

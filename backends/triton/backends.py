@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend, Capabilities
-from conformance.backends.tensors import to_numpy, to_torch
+from conformance.backends.tensors import to_numpy, to_torch, to_torch_many
 from conformance.backends.triton import runtime
 
 BF16_INTERPRETER = ("bfloat16 arithmetic is not supported by the Triton interpreter "
@@ -67,7 +67,7 @@ class TritonBackend(Backend):
         raise NotImplementedError
 
     def inputs(self, problem) -> dict:
-        return {name: self.upload(array) for name, array in problem.arrays().items()}
+        return to_torch_many(problem.arrays(), self.mode.device)
 
     def scales(self, tensors: dict, problem):
         """The kernels' ``Scales`` for an fp8 cache or query: the problem's own arrays, on
@@ -111,9 +111,10 @@ class TritonBackend(Backend):
         device = self.mode.device
         out = np.full_like(a.out, np.nan)
         lse = np.full_like(a.lse, np.nan, dtype=np.float32)
-        out_t, lse_t = to_torch(out, device), to_torch(lse, device)
-        merge_states(to_torch(a.out, device), to_torch(a.lse, device),
-                     to_torch(b.out, device), to_torch(b.lse, device),
+        tensors = to_torch_many({"a.out": a.out, "a.lse": a.lse, "b.out": b.out,
+                                 "b.lse": b.lse, "out": out, "lse": lse}, device)
+        out_t, lse_t = tensors["out"], tensors["lse"]
+        merge_states(tensors["a.out"], tensors["a.lse"], tensors["b.out"], tensors["b.lse"],
                      out_t, lse_t)
         return AttentionState(out=to_numpy(out_t, out), lse=to_numpy(lse_t, lse))
 

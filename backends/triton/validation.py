@@ -88,16 +88,20 @@ def check_table(block_table, context_lens, batch: int, num_pages: int, page_size
     check_tensor("context_lens", context_lens, shape=(batch,), int32=True, device=device)
     if page_size < 1:
         raise ValueError(f"page_size: {page_size} must be at least 1")
-    if batch and block_table.numel():
-        top = int(block_table.max())
+    if batch:
+        # one read back from the device for the four bounds (a read each cost a sync each)
+        import torch
+
+        table = block_table if block_table.numel() else torch.full(
+            (1,), -1, dtype=torch.int32, device=block_table.device)
+        top, bottom, longest, shortest = (int(x) for x in torch.stack(
+            [table.max(), table.min(), context_lens.max(), context_lens.min()]).tolist())
         if top >= num_pages:
             raise ValueError(f"block_table: block id {top} is past the pool of {num_pages} pages")
-        if int(block_table.min()) < -1:
-            raise ValueError(f"block_table: block id {int(block_table.min())} is below -1")
-    if batch:
-        longest = int(context_lens.max())
-        if int(context_lens.min()) < 0:
-            raise ValueError(f"context_lens: negative length {int(context_lens.min())}")
+        if bottom < -1:
+            raise ValueError(f"block_table: block id {bottom} is below -1")
+        if shortest < 0:
+            raise ValueError(f"context_lens: negative length {shortest}")
         if longest > block_table.shape[1] * page_size:
             raise ValueError(f"context_lens: {longest} tokens do not fit {block_table.shape[1]} "
                              f"blocks of {page_size}")
