@@ -28,7 +28,7 @@ STAGED_ALIGN = 256  # bytes: where each array of a staged upload starts
 def to_torch_many(arrays: dict[str, np.ndarray], device: str = "cpu") -> dict:
     """``to_torch`` for several arrays in one host-to-device copy: views, each starting on
     ``STAGED_ALIGN``, of one allocation. On the H200 with 16 workers sharing the GPU, a copy
-    per array cost 1.7 ms each, the largest share of a warm ``ci`` run (docs/isolation.md)."""
+    per array cost 1.7 ms each, the largest share of a warm ``ci`` run (docs/gpu-results.md)."""
     import torch
 
     offsets, size = {}, 0

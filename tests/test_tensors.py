@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the conversion's other side")
 
-from conformance.backends.tensors import to_numpy, to_torch  # noqa: E402
+from conformance.backends.tensors import to_numpy, to_torch, to_torch_many  # noqa: E402
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
           ml_dtypes.float8_e5m2, np.int32]
@@ -43,3 +43,25 @@ def test_a_torch_result_lands_in_the_dtype_of_the_buffer_it_is_written_to():
 def test_plain_from_numpy_is_what_it_replaces():
     with pytest.raises(TypeError):
         torch.from_numpy(np.zeros(2, dtype=ml_dtypes.bfloat16))
+
+
+def test_several_arrays_go_in_one_copy_each_its_own_view_bit_for_bit():
+    rng = np.random.default_rng(1)
+    arrays = {np.dtype(d).name: (rng.standard_normal((3, 5)) * 100).astype(d)[:, ::2]
+              for d in DTYPES}
+    arrays |= {"mask": np.array([[True, False, True]]), "none": np.zeros((0, 4), np.float32),
+               "one": np.float32(2.5).reshape(())}
+    kept = {name: array.copy() for name, array in arrays.items()}
+    tensors = to_torch_many(arrays)
+    for name, array in arrays.items():
+        tensor = tensors[name]
+        assert tuple(tensor.shape) == array.shape and tensor.is_contiguous(), name
+        np.testing.assert_array_equal(_bytes(to_numpy(tensor, array)), _bytes(array),
+                                      err_msg=name)
+        tensor.fill_(0)  # a write to one view reaches neither its neighbours nor the array
+        np.testing.assert_array_equal(_bytes(array), _bytes(kept[name]))
+    assert all(float(t.float().abs().sum()) == 0 for t in tensors.values())
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
