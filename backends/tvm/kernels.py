@@ -294,13 +294,15 @@ def prepare_cuda_runtime(aot_dir: Path | None) -> None:
     _CUDA_READY = True
 
 
-def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]:
+def keys_for_case(case, target: str, whole_instance: bool = False) -> set[KernelKey]:
     """Every kernel the checks ask for on a case: the case's decode with and without the
     window (merge segments have none), GQA repeated to MHA, the page size doubled (the
-    page-size invariance), and the merge. ``any_window``: with the window whether or not
-    the case has one (the shape serves every case of its instance)."""
+    page-size invariance), the drafts' kernel of several query tokens, and the merge.
+    ``whole_instance``: what any case of the case's shape may ask (explore draws many cases
+    of each shape it built): with the window whether or not the case has one, and both
+    drafts' kernels (causal and tree) whether or not it has several query tokens."""
     keys = set()
-    windows = {case.window is not None or any_window, False}
+    windows = {case.window is not None or whole_instance, False}
     merge = KernelKey("merge", target, case.num_qo_heads, case.num_qo_heads, case.head_dim_v,
                       case.dtype)
     if case.kind == "mla":  # one latent head: no GQA-as-MHA
@@ -308,14 +310,14 @@ def keys_for_case(case, target: str, any_window: bool = False) -> set[KernelKey]
         return {merge} | {replace(key, sliding_window=sliding, page_size=page_size)
                           for sliding in windows
                           for page_size in (case.page_size, case.page_size * 2)}
+    drafts = ("prefill", "tree") if whole_instance else () if case.query_lens is None else (
+        "prefill" if case.mask == "causal" else "tree",)
     for sliding in windows:
         for kv_heads in {case.num_kv_heads, case.num_qo_heads}:
             for page_size in (case.page_size, case.page_size * 2):
                 keys.add(KernelKey("decode", target, case.num_qo_heads, kv_heads, case.head_dim,
                                    case.dtype, page_size, sliding))
-                if case.query_lens is not None:  # the drafts; one-token checks use decode
-                    keys.add(KernelKey("prefill" if case.mask == "causal" else "tree", target,
-                                       case.num_qo_heads, kv_heads, case.head_dim, case.dtype,
-                                       page_size))
+                keys.update(KernelKey(kind, target, case.num_qo_heads, kv_heads, case.head_dim,
+                                      case.dtype, page_size) for kind in drafts)
     keys.add(merge)
     return keys

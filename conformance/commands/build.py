@@ -27,7 +27,8 @@ def handle_build(args: argparse.Namespace) -> int:
             cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
         cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
         what = f"{len(cases)} cases of profile {args.profile}"
-    keys = sorted({k for c in cases for k in keys_for_case(c, args.target, bool(args.explore))},
+    keys = sorted({k for c in cases
+                   for k in keys_for_case(c, args.target, whole_instance=bool(args.explore))},
                   key=lambda k: k.filename)
     print(f"building {len(keys)} TVM kernels for {what} into {args.out}", flush=True)
     started = time.monotonic()
