@@ -25,6 +25,7 @@ from conformance.backends.base import AttentionState, Backend, Capabilities, Con
 from conformance.declared import Declared
 from conformance.interrupts import interrupted, noting_interrupts
 from conformance.problem import Problem
+from conformance.replies import REPLIES, check_merged, merged_arrays
 from conformance.wire import (
     PeerGoneError,
     Segment,
@@ -41,25 +42,6 @@ from conformance.worker import (
 )
 from conformance.worker_process import OUTPUT_TAIL, Worker
 
-
-def check_merged(backend_name: str, a: AttentionState, out: np.ndarray,
-                 lse: np.ndarray) -> AttentionState:
-    """The merged state, if its shapes and dtypes are the contract's; else the violation."""
-    problems = []
-    if out.shape != a.out.shape:
-        problems.append(f"output shape {out.shape}, want {a.out.shape}")
-    if out.dtype != a.out.dtype:
-        problems.append(f"output dtype {out.dtype}, want {a.out.dtype}")
-    if lse.shape != a.lse.shape:
-        problems.append(f"lse shape {lse.shape}, want {a.lse.shape}")
-    if lse.dtype != np.float32:
-        problems.append(f"lse dtype {lse.dtype}, want float32")
-    if problems:
-        raise ContractError(f"{backend_name}'s merge returned a state with "
-                                f"{'; '.join(problems)}")
-    return AttentionState(out=out, lse=lse)
-
-
 # --- what a call handed over, as the backend left it ---------------------------------------------
 
 
@@ -71,40 +53,6 @@ class Handed:
                  changed: Callable[[np.ndarray], bool]):
         self.current = current
         self.changed = changed
-
-
-def _merged_arrays(label: str, value: Any) -> tuple[np.ndarray, np.ndarray]:
-    if not (isinstance(value, dict) and set(value) == {"out", "lse"}
-            and all(isinstance(v, np.ndarray) for v in value.values())):
-        raise ContractError(f"{label}'s merge sent back {str(value)[:120]}, not an output and "
-                            f"an LSE array")
-    return value["out"], value["lse"]
-
-
-def _reply_of(kind: type | tuple[type, ...], what: str) -> Callable[[str, Any], Any]:
-    def check(label: str, value: Any) -> Any:
-        if not isinstance(value, kind):
-            raise ContractError(f"{label}'s {what} sent back {str(value)[:120]!r}")
-        return value
-    return check
-
-
-def _notes_reply(label: str, value: Any) -> list[str]:
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise ContractError(f"{label}'s notes sent back {str(value)[:120]!r}, not lines")
-    return value
-
-
-# How the harness reads each call's plain-data reply before anything else uses it.
-REPLIES: dict[str, Callable[[str, Any], Any]] = {
-    "unsupported_reason": _reply_of((str, type(None)), "unsupported_reason"),
-    "notes": _notes_reply,
-    "device": _reply_of(str, "device"),
-    "timing_device": _reply_of(list, "timing_device"),
-    "bench": _reply_of(dict, "bench"),
-    "decode": _reply_of(type(None), "decode"),
-    "merges": lambda label, value: value,  # read by merges itself
-}
 
 
 # --- handles: what the harness holds -----------------------------------------------------------
@@ -181,7 +129,7 @@ class BackendHandle:
             return ContractError(f"{self.label}'s merge modified its inputs: "
                                  f"{', '.join(changed)}")
         try:
-            return check_merged(self.label, a, *_merged_arrays(self.label, value))
+            return check_merged(self.label, a, *merged_arrays(self.label, value))
         except ContractError as exc:
             return exc
 
