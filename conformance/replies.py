@@ -27,7 +27,7 @@ def check_merged(backend_name: str, a: AttentionState, out: np.ndarray,
         problems.append(f"lse dtype {lse.dtype}, want float32")
     if problems:
         raise ContractError(f"{backend_name}'s merge returned a state with "
-                                f"{'; '.join(problems)}")
+                            f"{'; '.join(problems)}")
     return AttentionState(out=out, lse=lse)
 
 
