@@ -119,10 +119,8 @@ class BackendHandle:
     def _merged(self, a: AttentionState, b: AttentionState, reply: list, handed: Handed
                 ) -> AttentionState | BackendError | ContractError:
         kind, value, lost = reply
-        if kind == "contract":
-            return ContractError(str(value))
         if kind != "ok":
-            return BackendError(str(value) + self._lost("merge", lost, str(value)))
+            return self._fault("merge", kind, value, lost)
         inputs = {"a.out": a.out, "a.lse": a.lse, "b.out": b.out, "b.lse": b.lse}
         changed = [name for name, array in inputs.items() if handed.changed(array)]
         if changed:
@@ -132,6 +130,13 @@ class BackendHandle:
             return check_merged(self.label, a, *merged_arrays(self.label, value))
         except ContractError as exc:
             return exc
+
+    def _fault(self, what: str, kind: str, value: Any, lost: Any
+               ) -> BackendError | ContractError:
+        """A reply that is not ``ok``, as the exception its call raises."""
+        if kind == "contract":
+            return ContractError(str(value))
+        return BackendError(str(value) + self._lost(what, lost, str(value)))
 
     def _lost(self, what: str, lost: Any, error: str) -> str:
         """What a call's ``error`` adds when it lost the device (``lost``: the worker's word;
@@ -349,12 +354,10 @@ class IsolatedBackend(BackendHandle):
         kind, value, lost = reply
         if kind == "ok":
             return value
-        if kind == "contract":
-            raise ContractError(str(value))
         if kind == "unavailable":
             self.unavailable = f"backend {self.label} is unavailable in the worker process: {value}"
             self._fail(self.unavailable)
-        raise BackendError(str(value) + self._lost(what, lost, str(value)))
+        raise self._fault(what, kind, value, lost)
 
     def _lost(self, what: str, lost: Any, error: str) -> str:
         lost = lost if isinstance(lost, str) and lost else device_lost(error)
