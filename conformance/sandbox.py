@@ -40,7 +40,7 @@ from conformance.worker import (
     describe_exception,
     device_lost,
 )
-from conformance.worker_process import OUTPUT_TAIL, Worker
+from conformance.worker_process import DEPTH, OUTPUT_TAIL, Worker
 
 # --- what a call handed over, as the backend left it ---------------------------------------------
 
@@ -237,7 +237,6 @@ class IsolatedBackend(BackendHandle):
         self.timeout: float | None = None
         self.fault: str = ""  # why the rest of this case fails fast
         self.unavailable: str = ""  # why every case fails fast
-        self.busy = False  # a request is out: the worker may be stuck in it
         self.case: str | None = None  # the case the clock runs for
         self.timed_out = ""  # the case timed out: its later families are not run
         self.restarts: list[str] = []
@@ -254,7 +253,11 @@ class IsolatedBackend(BackendHandle):
             self.worker.end()
             self._keep_output()
         self.worker = None
-        self.busy = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is out: the worker may be stuck in it."""
+        return self.worker is not None and self.worker.waiting
 
     def _keep_output(self) -> None:
         captured = self.worker.output.take()
@@ -299,17 +302,23 @@ class IsolatedBackend(BackendHandle):
     # - calls -
 
     def submit(self, name: str, *args: Any) -> Callable[[], tuple[Any, Handed]]:
-        if self.busy:  # the worker answers one request at a time; work done meanwhile
-            raise RuntimeError(f"{name} asked while a request to {self.label} is out: the "
-                               f"harness's work beside a call must not call the backend")
+        """Up to ``DEPTH`` calls may be out (``Trial.decodes``); their results are read in the
+        order they were asked. A call sent to a worker that an earlier reply had replaced
+        (it lost the device) is asked again of the next worker."""
+        if self.worker is not None and len(self.worker.out) >= DEPTH:
+            raise RuntimeError(f"{name} asked while {DEPTH} requests to {self.label} are out: "
+                               f"read a result before the next call")
         if self.unavailable or self.fault:
             raise BackendError(self.unavailable or f"not run: {self.fault}")
         if self.worker is None:
             self._start()
-        segment = self._send(("call", name, args), name)
+        worker = self.worker
+        number, segment = self._send(("call", name, args), name)
 
         def result() -> tuple[Any, Handed]:
-            value = self._receive(name)
+            if self.worker is not worker:
+                return self.submit(name, *args)()
+            value = self._receive(name, number)
             index = {id(array): i for i, array in enumerate(segment.originals)}
             return value, Handed(lambda array: segment.view(index[id(array)]),
                                  lambda array: segment.changed(index[id(array)]))
@@ -324,31 +333,29 @@ class IsolatedBackend(BackendHandle):
             return [f"notes() failed: {exc}"]
 
     def _request(self, message: tuple, what: str) -> Any:
-        self._send(message, what)
-        return self._receive(what)
+        number, _ = self._send(message, what)
+        return self._receive(what, number)
 
-    def _send(self, message: tuple, what: str) -> Segment | None:
+    def _send(self, message: tuple, what: str) -> tuple[int, Segment | None]:
         if self.worker.wrote_unasked():  # it could answer this request before reading it
             self.restarts.append(f"{what}: the worker wrote to the channel unasked")
             self._stop()
             self._start()
-        self.busy = True
         try:
-            return self.worker.send(message, self.deadline)
+            segment = self.worker.send(message, self.deadline)
         except TimeoutError:
             self._time_out(what)
         except OSError:
             self._fail(self.worker.death(what))
-        return None
+        return self.worker.number, segment
 
-    def _receive(self, what: str) -> Any:
+    def _receive(self, what: str, number: int) -> Any:
         try:
-            reply = self.worker.receive(self.deadline)
+            reply = self.worker.receive(self.deadline, number)
         except PeerGoneError:
             self._fail(self.worker.death(what))
         except WireError as exc:
             self._fail(f"{what}: the worker broke the protocol ({exc}); the worker was killed")
-        self.busy = False
         if reply is None:
             self._time_out(what)
         kind, value, lost = reply

@@ -147,9 +147,13 @@ class Arena:
 
     A fresh segment per call cost a ``memfd``, a mapping on each side and a page fault per
     page on each side, every call: 6 s of system time in a NumPy ``ci`` run. An arena is
-    replaced only to grow, or to give back a large one that messages no longer need."""
+    replaced only to grow, or to give back a large one that messages no longer need.
 
-    def __init__(self, size: int):
+    A worker holds one arena per ``slot``: a request may be sent while the one before it is
+    still out (``Worker.send``), and the two must not share memory."""
+
+    def __init__(self, size: int, slot: int = 0):
+        self.slot = slot
         self.size = max(ARENA_MIN_BYTES, 1 << max(0, size - 1).bit_length())
         self.fd = os.memfd_create("conformance-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
@@ -171,7 +175,7 @@ class Segment:
 
     ``view(i)`` is array ``i`` as it lies in the arena now (what the backend left there),
     ``originals[i]`` the harness's own array it was copied from. The views are valid until the
-    next message is placed in the same arena (one request is out at a time)."""
+    next message is placed in the same arena (its slot is free once the reply came)."""
 
     def __init__(self, arrays: list[np.ndarray], arena: Arena | None):
         self.originals = arrays
@@ -252,18 +256,20 @@ class _SharingPickler(pickle.Pickler):
         return None
 
 
-def pack_message(message: Any, arena: Arena | None = None) -> tuple[bytes, Segment]:
-    """A message as a pickle whose arrays lie in ``arena``, or in a new arena when it is
-    missing or does not fit (``segment.arena`` then differs: its descriptor goes with the
-    message). A message without arrays uses no arena."""
+def pack_message(message: Any, arena: Arena | None = None, slot: int = 0
+                 ) -> tuple[bytes, Segment]:
+    """A message as a pickle whose arrays lie in ``arena``, or in a new arena of ``slot`` when
+    it is missing or does not fit (``segment.arena`` then differs: its descriptor goes with
+    the message). A message without arrays uses no arena."""
     stream = io.BytesIO()
     pickler = _SharingPickler(stream)
     pickler.dump(message)
     layout = _layout(pickler.arrays)
+    slot = arena.slot if arena is not None else slot
     if pickler.arrays and (arena is None or not arena.fits(_extent(layout))):
-        arena = Arena(_extent(layout))
+        arena = Arena(_extent(layout), slot)
     segment = Segment(pickler.arrays, arena if pickler.arrays else None)
-    header = pickle.dumps(segment.layout, protocol=pickle.HIGHEST_PROTOCOL)
+    header = pickle.dumps((slot, segment.layout), protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(header)) + header + stream.getvalue(), segment
 
 
@@ -277,20 +283,21 @@ class _SharingUnpickler(pickle.Unpickler):
 
 
 class Mapped:
-    """The worker's side of the arenas: the mapping of the last one the harness sent."""
+    """The worker's side of the arenas: the mapping of the last one the harness sent for each
+    slot."""
 
     def __init__(self) -> None:
-        self.map: mmap.mmap | None = None
+        self.maps: dict[int, mmap.mmap] = {}
 
     def unpack(self, payload: bytes, fd: int | None) -> Any:
         """The message ``pack_message`` made; its arrays are writable views of the arena.
-        ``fd``, when given, is a new arena that replaces the old one."""
-        if fd is not None:
-            self.map = mmap.mmap(fd, os.fstat(fd).st_size)
-            os.close(fd)
+        ``fd``, when given, is a new arena that replaces the old one of its slot."""
         (length,) = HEADER.unpack_from(payload)
-        layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
-        arrays = [view_in(self.map, *place) for place in layout] if layout else []
+        slot, layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
+        if fd is not None:
+            self.maps[slot] = mmap.mmap(fd, os.fstat(fd).st_size)
+            os.close(fd)
+        arrays = [view_in(self.maps[slot], *place) for place in layout] if layout else []
         stream = io.BytesIO(payload[HEADER.size + length:])
         return _SharingUnpickler(stream, arrays).load()
 

@@ -36,6 +36,7 @@ from conformance.wire import (
 from conformance.worker import Captured
 
 OUTPUT_TAIL = 4096  # bytes of a case's captured output kept for the report
+DEPTH = 2  # requests a worker may have out at once (Worker.send)
 
 
 class Worker:
@@ -60,14 +61,23 @@ class Worker:
             self.pidfd = None
         self.output = _OutputReader(self.process.stdout)
         self.number = 0  # the last request's: its reply must carry it
-        self.arena: Arena | None = None  # the shared memory the worker has mapped
+        self.arenas: list[Arena | None] = [None] * DEPTH  # the shared memory the worker maps
+        self.out: dict[int, int] = {}  # requests sent and not answered: number -> arena slot
+        self.early: dict[int, list] = {}  # replies read while waiting for an older one
 
     def send(self, message: Any, deadline: float | None) -> Segment:
-        """Send a request; its arrays go in a shared segment the harness keeps. An OSError
-        means the worker is gone (its exit status says more) or stopped reading."""
+        """Send a request; its arrays go in a shared segment the harness keeps. Up to
+        ``DEPTH`` requests may be out: the worker answers them in order, so the harness lays
+        out the next while the backend works on this one. An OSError means the worker is gone
+        (its exit status says more) or stopped reading."""
+        if len(self.out) >= DEPTH:
+            raise RuntimeError(f"{DEPTH} requests are out already")
         self.number = secrets.randbits(62)  # unguessable: a forged reply cannot match it
-        payload, segment = pack_message((self.number, message), self.arena)
-        fresh = segment.arena if segment.arena is not self.arena else None
+        slot = next(s for s in range(DEPTH) if s not in self.out.values())
+        arena = self.arenas[slot]
+        payload, segment = pack_message((self.number, message), arena, slot)
+        fresh = segment.arena if segment.arena is not arena else None
+        self.out[self.number] = slot
         try:
             self.sock.settimeout(None if deadline is None
                                  else max(0.001, deadline - time.monotonic()))
@@ -77,15 +87,20 @@ class Worker:
             if fresh:  # the worker maps it on receipt; an arena it never got is not reused
                 fresh.close_fd()
         if fresh:
-            self.arena = fresh
+            self.arenas[slot] = fresh
         return segment
 
-    def receive(self, deadline: float | None) -> list | None:
-        """The reply to the last request, as [kind, value, lost]; None past the deadline.
+    def receive(self, deadline: float | None, number: int | None = None) -> list | None:
+        """The reply to request ``number`` (the last one sent by default), as [kind, value,
+        lost]; None past the deadline.
 
-        Frames of other numbers (a backend that wrote to the channel itself) are dropped.
-        ``PeerGoneError``: the worker ended; ``WireError``: it broke the protocol."""
-        while True:
+        Replies to other requests still out are kept for their turn; frames of other numbers
+        (a backend that wrote to the channel itself) are dropped. ``PeerGoneError``: the
+        worker ended; ``WireError``: it broke the protocol."""
+        number = self.number if number is None else number
+        if number not in self.out:
+            raise RuntimeError(f"no request {number} is out to this worker")
+        while number not in self.early:
             frame = receive_frame(self.sock, deadline, self.exited, self.pidfd)
             if frame is None:
                 return None
@@ -97,12 +112,20 @@ class Worker:
                     and reply[1] in ("ok", "contract", "unavailable", "raised")):
                 raise WireError(f"a reply that is not [number, kind, value, lost]: "
                                 f"{str(reply)[:120]}")
-            if reply[0] == self.number:
-                return reply[1:]
+            if reply[0] in self.out:
+                self.early[reply[0]] = reply[1:]
+        self.out.pop(number, None)
+        return self.early.pop(number)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a request is out: the worker may be working on it, or stuck in it."""
+        return bool(self.out)
 
     def wrote_unasked(self) -> bool:
-        """Whether bytes wait on the channel before a request: the worker wrote on its own."""
-        return bool(select.select([self.sock], [], [], 0)[0])
+        """Whether bytes wait on the channel while no request is out: the worker wrote on its
+        own. (While one is out, its reply may be there already.)"""
+        return not self.out and bool(select.select([self.sock], [], [], 0)[0])
 
     def exited(self) -> bool:
         """Whether the worker has ended, looked at without reaping it (its process group id

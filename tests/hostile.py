@@ -345,6 +345,24 @@ class MergeLosesDeviceOnEmpties(NumpySplitK):
         return super().merge(a, b)
 
 
+_DECODE_LOST_DEVICE = False
+
+
+class LosesDeviceOnThreeSplits(NumpySplitK):
+    """A decode in three splits loses the device, and every later call in that process fails.
+    The invariance check sends its next variant (eight splits) before this one's reply is
+    back: it must be asked again of a fresh worker, and pass there."""
+
+    name = "hostile-decode-lost"
+
+    def decode(self, problem, out, lse, *, num_splits=None):
+        global _DECODE_LOST_DEVICE
+        if _DECODE_LOST_DEVICE or num_splits == 3:
+            _DECODE_LOST_DEVICE = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        super().decode(problem, out, lse, num_splits=num_splits)
+
+
 class MergeWritesEmptyInputs(NumpySplitK):
     """Writes into the inputs of merge(empty, empty); the merges sent with it (merge(x,
     empty) among them, whose empty state is the same array in the harness) keep theirs."""

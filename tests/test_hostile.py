@@ -162,6 +162,20 @@ def test_a_faulty_merge_costs_only_the_sub_checks_that_asked_it(tmp_path, backen
     assert {r["status"] for r in others} == {"passed"}
 
 
+def test_a_call_sent_ahead_to_a_worker_that_lost_its_device_is_asked_again(tmp_path):
+    # Trial.decodes sends invariance/split-count-8 while split-count-3 (which loses the
+    # device) is still out; the old worker fails it, but its verdict comes from a fresh one
+    result, report = run_with_reports(tmp_path, "LosesDeviceOnThreeSplits", "--check",
+                                      "invariance")
+    assert result.returncode == 1
+    lost = [r for r in report["results"] if r["check"] == "invariance/split-count-3"]
+    assert lost and all(r["status"] == "error" and "the worker was replaced" in r["message"]
+                        for r in lost)
+    others = [r for r in report["results"] if r["check"] != "invariance/split-count-3"]
+    assert {r["check"] for r in others} >= {"invariance/split-count-8", "invariance/page-size"}
+    assert {r["status"] for r in others} == {"passed"}
+
+
 @pytest.mark.parametrize("backend,what", [
     ("EmptyAvailability", "availability() returned ''"),
     ("FalseAvailability", "availability() returned False"),

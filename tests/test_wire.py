@@ -118,23 +118,28 @@ def test_same_bytes_sees_one_flipped_byte_anywhere(size, monkeypatch):
     assert same_bytes(nan, nan.copy()) and not same_bytes(nan, np.array([np.nan, 0.0], np.float32))
 
 
-def test_no_second_request_goes_out_while_one_is():
-    """What the harness does beside a call (``meanwhile``) must not call the backend: the
-    worker answers one request at a time, and a second would take the first one's reply."""
+def test_two_requests_may_be_out_and_each_gets_its_own_reply_and_memory():
+    """A check sends its next decode while the backend works on this one (``Trial.decodes``):
+    the two share no memory, each gets its own reply in whichever order the harness reads
+    them, and a third waits until one is read."""
+    from conformance.backends.registry import resolve
     from conformance.session import open_backend
 
     backend = open_backend("numpy")
     handle = backend.connect()
-    problem = materialise(make_case())
-    out = np.empty((problem.tokens, problem.num_qo_heads, problem.head_dim_v), problem.dtype)
-    lse = np.empty((problem.tokens, problem.num_qo_heads), np.float32)
+    problems = [materialise(make_case()), materialise(make_case(context_lens=(3, 21), head_dim=16))]
+    shapes = [((p.tokens, p.num_qo_heads, p.head_dim_v), (p.tokens, p.num_qo_heads))
+              for p in problems]
     try:
-        waiting = handle.submit_decode(problem, out, lse, None)
-        with pytest.raises(RuntimeError, match="while a request to numpy is out"):
+        waiting = [handle.submit_decode(p, np.empty(o, p.dtype), np.empty(s, np.float32), None)
+                   for p, (o, s) in zip(problems, shapes, strict=True)]
+        with pytest.raises(RuntimeError, match="2 requests to numpy are out"):
             handle.call("device")
-        got, _, mutated = waiting()
-        assert np.isfinite(got).all() and not mutated
+        got = [waiting[1](), waiting[0]()][::-1]  # read out of order: the first reply is kept
+        for problem, (out, lse, mutated), (o, s) in zip(problems, got, shapes, strict=True):
+            want_out, want_lse = np.empty(o, problem.dtype), np.empty(s, np.float32)
+            resolve("numpy")().decode(problem, want_out, want_lse)
+            assert same_bytes(out, want_out) and same_bytes(lse, want_lse) and not mutated
         assert handle.call("device") == "cpu"  # and once answered, the next goes out
     finally:
         backend.disconnect()
-

@@ -15,12 +15,13 @@ import numpy as np
 from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import fault_outcome, unsupported
 from conformance.checks.trial import (
+    Job,
+    Run,
     Trial,
     errored,
     seed,
 )
 from conformance.materialise import LogicalKV, canonical_layout_seed
-from conformance.problem import Problem
 from conformance.references import kept_tokens
 from conformance.result import Result
 from conformance.spec import with_changes
@@ -28,21 +29,19 @@ from conformance.status import Status
 
 
 @dataclass(frozen=True)
-class Relaid:
+class Relaid(Job):
     """What one invariance decodes, and how its answer maps onto the base run's: the base's
     sequences ``rows`` (all by default) against this problem's ``keep`` (all by default), its
     output times ``out_factor`` (a transformation that scales the answer, undone)."""
 
-    problem: Problem
     rows: list[int] | None = None
     keep: list[int] | None = None
-    num_splits: int | None = None
     out_factor: float = 1.0
 
 
 # (check, build, ahead): ``build`` makes the variant (or its outcome, when it cannot run);
 # ``ahead``: it is NumPy work alone, made while the backend decodes the variant before it.
-# A build that asks the backend anything runs in its own turn (one request at a time).
+# A build that asks the backend anything waits for the variant before it (``Trial.decodes``).
 Variant = tuple[str, Callable[[], "Relaid | Result"], bool]
 
 
@@ -86,38 +85,33 @@ def check_invariance(trial: Trial) -> list[Result]:
 
 
 def _run_variants(trial: Trial, variants: list[Variant]) -> list[Result]:
-    """Each variant decoded and compared, in order; one that raises is an ``error`` outcome
-    and the others still run. The next variant is built while the backend decodes this one:
-    the harness's NumPy work and the worker's decode overlap."""
-    built: dict[int, Relaid | Result] = {}
+    """Each variant decoded and compared, in order, one ahead (``Trial.decodes``); one that
+    raises is an ``error`` outcome and the others still run."""
+    def build(check: str, make: Callable[[], Relaid | Result]) -> Callable[[], Relaid | Result]:
+        def built() -> Relaid | Result:
+            try:
+                return make()
+            except Exception as exc:  # a backend fault is a result
+                return fault_outcome(check, exc)
+        return built
 
-    def build(index: int) -> None:
-        check, make, _ = variants[index]
-        try:
-            built[index] = make()
-        except Exception as exc:  # a backend fault is a result
-            built[index] = fault_outcome(check, exc)
-
+    checks = iter(check for check, _, _ in variants)
     outcomes = []
-    for index, (check, _, _) in enumerate(variants):
-        if index not in built:
-            build(index)
-        made = built.pop(index)
-        ahead = index + 1 < len(variants) and variants[index + 1][2]
-        meanwhile = (lambda after=index + 1: build(after)) if ahead else None
+    for item in trial.decodes((build(check, make), ahead) for check, make, ahead in variants):
+        check = next(checks)
+        if isinstance(item, Result):
+            outcomes.append(item)
+            continue
         try:
-            outcomes.append(made if isinstance(made, Result)
-                            else _same_answer(trial, check, made, meanwhile))
+            outcomes.append(_same_answer(trial, check, *item))
         except Exception as exc:
             outcomes.append(fault_outcome(check, exc))
     return outcomes
 
 
-def _same_answer(trial: Trial, check: str, variant: Relaid,
-                 meanwhile: Callable[[], object] | None = None) -> Result:
-    """Decode a re-laid problem and compare with the base run, query row by query row."""
+def _same_answer(trial: Trial, check: str, variant: Relaid, run: Run) -> Result:
+    """Compare a re-laid problem's run with the base run, query row by query row."""
     problem = variant.problem
-    run = trial.decode(problem, num_splits=variant.num_splits, meanwhile=meanwhile)
     if run.exception:
         return Result.of(check, Status.ERROR, message=run.exception)
     base = trial.first_run
@@ -212,7 +206,8 @@ def _sub_batches(trial: Trial) -> Result:
     for part, rows in enumerate((list(range(half)), list(range(half, trial.problem.batch)))):
         half_problem = logical.select(rows).lay_out(case.page_size, seed(case, "sub-batches")
                                                     + part, case.table_padding)
-        outcome = _same_answer(trial, "invariance/sub-batches", Relaid(half_problem, rows=rows))
+        outcome = _same_answer(trial, "invariance/sub-batches", Relaid(half_problem, rows=rows),
+                               trial.decode(half_problem))
         if outcome.status != Status.PASSED:
             return outcome
     return outcome

@@ -11,11 +11,11 @@ import numpy as np
 from conformance.backends.base import AttentionState
 from conformance.checks.outcomes import fault_outcome, run_each, unsupported
 from conformance.checks.trial import (
+    Job,
     Trial,
     errored,
     seed,
 )
-from conformance.problem import Problem
 from conformance.references import merge_reference
 from conformance.result import Result
 from conformance.status import Status
@@ -45,47 +45,86 @@ def _at_gaps(cuts: list[list[int]], kept: list[np.ndarray]) -> list[list[int]]:
             for c, j in zip(cuts, jumps, strict=True)]
 
 
-def segment_states(trial: Trial, scheme: str) -> list[AttentionState] | str:
-    """Decode the kept tokens cut into segments; returns the states or an error message.
+SCHEMES = ("page", "inside-page", "empty-segments")
+
+
+class Segments:
+    """The kept tokens of each query row cut into segments by one scheme (``_cuts``).
 
     Segments are per query row (several query tokens per sequence: each row's own visible
     tokens), each a fresh one-token problem of its tokens alone: no window, no first-N
     sinks, and no sink logits (applied once to the merged state, ``Trial.with_sink``). With
     ALiBi its positions restart at 0 with the query after its last token, which moves every
-    score of head h by the same ``slope_h * (last position - query position)``: cut where the kept
-    positions jump, so each segment is contiguous, and add that to its LSE."""
-    logical, problem = trial.logical.per_token(), trial.problem
-    kept = [problem.kept(r) for r in range(problem.tokens)]
-    cuts = [_cuts(len(k), problem.page_size, scheme) for k in kept]
-    if problem.alibi_slopes is not None:
-        cuts = _at_gaps(cuts, kept)
-    count = len(cuts[0]) - 1
+    score of head h by the same ``slope_h * (last position - query position)``: cut where the
+    kept positions jump, so each segment is contiguous, and add that to its LSE."""
 
-    def segment(j: int) -> Problem:
-        rows = [k[c[j]:c[j + 1]] for k, c in zip(kept, cuts, strict=True)]
-        part = replace(logical.take(rows), window=None, sinks=0, sink_logits=None)
-        return part.lay_out(problem.page_size, seed(trial.case, "segment") + j)
+    def __init__(self, trial: Trial, scheme: str):
+        self.trial, self.scheme = trial, scheme
+        self.logical, problem = trial.logical.per_token(), trial.problem
+        self.kept = [problem.kept(r) for r in range(problem.tokens)]
+        self.cuts = [_cuts(len(k), problem.page_size, scheme) for k in self.kept]
+        if problem.alibi_slopes is not None:
+            self.cuts = _at_gaps(self.cuts, self.kept)
+        self.count = len(self.cuts[0]) - 1
 
-    def shift(j: int, state: AttentionState) -> AttentionState:
+    def job(self, j: int) -> Job:
+        rows = [k[c[j]:c[j + 1]] for k, c in zip(self.kept, self.cuts, strict=True)]
+        part = replace(self.logical.take(rows), window=None, sinks=0, sink_logits=None)
+        return Job(part.lay_out(self.trial.problem.page_size,
+                                seed(self.trial.case, "segment") + j))
+
+    def shift(self, j: int, state: AttentionState) -> AttentionState:
         """The segment's LSE where its tokens really lie (ALiBi), else as it is."""
+        problem = self.trial.problem
         if problem.alibi_slopes is None:
             return state
         offsets = np.array([k[c[j + 1] - 1] - p if c[j + 1] > c[j] else 0 for k, c, p
-                            in zip(kept, cuts, problem.query_positions.tolist(), strict=True)])
+                            in zip(self.kept, self.cuts, problem.query_positions.tolist(),
+                                   strict=True)])
         moved = state.lse + (offsets[:, None] * problem.alibi_slopes[None, :]).astype(
             np.float32)
         return AttentionState(state.out, np.where(np.isneginf(state.lse), state.lse, moved)
                               .astype(np.float32))
 
-    states, laid = [], [segment(0)]
-    for j in range(count):
-        # lay out the next segment while the backend decodes this one
-        run = trial.decode(laid[j], meanwhile=(lambda j=j: laid.append(segment(j + 1)))
-                           if j + 1 < count else None)
+
+def segment_states(trial: Trial) -> dict[str, list[AttentionState] | str | Exception]:
+    """Each scheme's decoded segments, or the error of the first that failed, or what the
+    harness raised cutting them. The segments of all schemes are decoded one ahead
+    (``Trial.decodes``): a segment after one that failed may be decoded, and not used."""
+    found: dict[str, list[AttentionState] | str | Exception] = {}
+    plans: dict[str, Segments] = {}
+    for scheme in SCHEMES:
+        try:
+            plans[scheme] = Segments(trial, scheme)
+        except Exception as exc:
+            found[scheme] = exc
+    order = [(scheme, j) for scheme, plan in plans.items() for j in range(plan.count)]
+
+    def build(scheme: str, j: int) -> Callable[[], Job | None]:
+        def built() -> Job | None:
+            if scheme in found:  # an earlier segment failed: the scheme is judged already
+                return None
+            try:
+                return plans[scheme].job(j)
+            except Exception as exc:
+                found[scheme] = exc
+                return None
+        return built
+
+    states: dict[str, list[AttentionState]] = {scheme: [] for scheme in plans}
+    for (scheme, j), item in zip(order, trial.decodes((build(*o), True) for o in order),
+                                 strict=True):
+        if item is None or scheme in found:
+            continue
+        _, run = item
         if run.exception:
-            return f"segment {j} ({scheme} cuts): {run.exception}"
-        states.append(shift(j, run.state))
-    return states
+            found[scheme] = f"segment {j} ({scheme} cuts): {run.exception}"
+            continue
+        try:
+            states[scheme].append(plans[scheme].shift(j, run.state))
+        except Exception as exc:
+            found[scheme] = exc
+    return {scheme: found.get(scheme, states.get(scheme)) for scheme in SCHEMES}
 
 
 class Merged:
@@ -158,12 +197,10 @@ def check_merge(trial: Trial) -> list[Result]:
     plan = Merges(trial)
     judges: list[tuple[str, Callable[[], Result]]] = []
     pieces: dict[str, list[AttentionState]] = {}
-    for scheme in ("page", "inside-page", "empty-segments"):
+    for scheme, states in segment_states(trial).items():
         check = f"merge/segments-{scheme}"
-        try:
-            states = segment_states(trial, scheme)
-        except Exception as exc:
-            judges.append((check, lambda check=check, exc=exc: fault_outcome(check, exc)))
+        if isinstance(states, Exception):
+            judges.append((check, lambda check=check, exc=states: fault_outcome(check, exc)))
             continue
         if isinstance(states, str):
             judges.append((check, lambda check=check, states=states: Result.of(

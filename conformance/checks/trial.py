@@ -9,8 +9,7 @@ returns ``Result`` records named ``family/sub-check``.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -23,6 +22,7 @@ from conformance.checks.outcomes import (
     locate,
     lse_message,
 )
+from conformance.checks.shared import SHARED
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import LogicalKV, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
@@ -30,7 +30,7 @@ from conformance.references import apply_sink, decode_reference
 from conformance.references.decode import Modifiers, gather_sequence
 from conformance.result import Result
 from conformance.sandbox import BackendHandle, describe_exception
-from conformance.spec import DEFAULT_MAX_CASE_MIB, Case
+from conformance.spec import Case
 from conformance.status import Status
 from conformance.tolerances import (
     RATIO,
@@ -52,6 +52,14 @@ from conformance.tolerances import (
 )
 
 
+@dataclass(frozen=True)
+class Job:
+    """A decode a check asks for: its problem and its split count (the case's by default)."""
+
+    problem: Problem
+    num_splits: int | None = None
+
+
 @dataclass
 class Run:
     """One decode call: its outputs, or the exception it raised; and what it did to inputs."""
@@ -64,41 +72,6 @@ class Run:
     @property
     def state(self) -> AttentionState:
         return AttentionState(out=self.out, lse=self.lse)
-
-
-class SharedWork:
-    """What a case's trials compute that depends on the case alone (its problem, its values,
-    the values its codes denote) or on the case and a backend's declared precision and LSE
-    convention (its oracle, budget, trivial answers), kept for the next trial of the case in
-    this process: every backend of a run, and every run of a process (the planted-bug tests
-    judge 40-odd backends on one profile), computes them once (docs/design.md principle 5).
-
-    Least recently used cases go first past ``max_bytes`` of ``Case.problem_bytes``; a case
-    larger than an eighth of it is never kept."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[Case, dict] = OrderedDict()
-        self.held = 0
-
-    def get(self, case: Case, key: tuple, compute: Callable[[], Any]) -> Any:
-        size = case.problem_bytes
-        if size > self.max_bytes // 8:
-            return compute()
-        entry = self.entries.get(case)
-        if entry is None:
-            entry = self.entries[case] = {}
-            self.held += size
-            while self.held > self.max_bytes and len(self.entries) > 1:
-                old, _ = self.entries.popitem(last=False)
-                self.held -= old.problem_bytes
-        self.entries.move_to_end(case)
-        if key not in entry:
-            entry[key] = compute()
-        return entry[key]
-
-
-SHARED = SharedWork(max_bytes=DEFAULT_MAX_CASE_MIB * 2**20 // 6)
 
 
 class Trial:
@@ -257,19 +230,58 @@ class Trial:
                num_splits: int | None = None, meanwhile: Callable[[], object] | None = None
                ) -> Run:
         """One poisoned decode call; ``meanwhile`` runs here while the backend works."""
+        finish = self.start(problem, poison, num_splits)
+        if meanwhile is not None:
+            meanwhile()
+        return finish()
+
+    def start(self, problem: Problem, poison: float = POISONS[0], num_splits: int | None = None
+              ) -> Callable[[], Run]:
+        """Send one poisoned decode call; the returned function waits for its ``Run``."""
         out, lse = poisoned_outputs(problem, poison)
         try:
             result = self.backend.submit_decode(
                 problem, out, lse, num_splits if num_splits else self.case.num_splits)
         except Exception as exc:  # a backend fault is a result, not a crash of the run
-            return Run(exception=describe_exception(exc))
-        if meanwhile is not None:
-            meanwhile()
+            refused = Run(exception=describe_exception(exc))
+            return lambda: refused
+
+        def finish() -> Run:
+            try:
+                got, got_lse, mutated = result()
+            except Exception as exc:
+                return Run(exception=describe_exception(exc))
+            return Run(out=got, lse=got_lse, mutated=mutated)
+        return finish
+
+    def decodes(self, builds: Iterable[tuple[Callable[[], Job | Any], bool]]
+                ) -> Iterator[tuple[Job, Run] | Any]:
+        """Decode a check's jobs in order, one ahead: job i+1 is built (NumPy work, ``ahead``)
+        and sent while the backend decodes job i, whose run is judged while the backend
+        decodes job i+1, so that harness and worker work at once. Yields ``(job, run)``, or
+        what a build made that is not a ``Job`` (an outcome without a decode), in order.
+
+        A build that asks the backend anything (``ahead`` False) waits until the job before
+        it is back: a fault of its own must not cost that job's verdict."""
+        sent: tuple[Job, Callable[[], Run]] | None = None  # out, its run not yet read
         try:
-            out, lse, mutated = result()
-        except Exception as exc:
-            return Run(exception=describe_exception(exc))
-        return Run(out=out, lse=lse, mutated=mutated)
+            for build, ahead in builds:
+                if not ahead and sent is not None:
+                    done, sent = sent, None
+                    yield done[0], done[1]()
+                made = build()
+                done, sent = sent, ((made, self.start(made.problem, num_splits=made.num_splits))
+                                    if isinstance(made, Job) else None)
+                if done is not None:
+                    yield done[0], done[1]()
+                if sent is None:
+                    yield made
+            if sent is not None:
+                done, sent = sent, None
+                yield done[0], done[1]()
+        finally:
+            if sent is not None:  # the consumer stopped early: read the reply still out
+                sent[1]()
 
     @cached_property
     def first_run(self) -> Run:
