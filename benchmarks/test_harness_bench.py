@@ -2,7 +2,7 @@
 
     pytest benchmarks/test_harness_bench.py --harness-profile ci --benchmark-save=harness
     pytest benchmarks/test_harness_bench.py --harness-profile ci \\
-        --benchmark-compare=0002 --benchmark-compare-fail=min:25%
+        --benchmark-compare=0003 --benchmark-compare-fail=min:25%
 
 The kernel is NumPy's, so what is timed is the harness's own work: drawing and laying out
 each problem, the float64 oracle, the checks, and (isolated) the worker and its channel.
