@@ -98,3 +98,10 @@ def test_runtime_only_tvm_refuses_a_shape_its_build_lacks_and_takes_one_it_has(
     assert backend.unsupported_reason(drawn[0]) is None
     other = replace(drawn[0], head_dim=drawn[0].head_dim + 8)
     assert "not in the ahead-of-time build" in backend.unsupported_reason(other)
+    # a kernel TVM failed to build is refused in TVM's own words, from the build's manifest
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    failed = kernels.KernelKey.for_case(other, "llvm").filename
+    manifest["failures"][failed] = "InternalError: variable cse_v16 has been used before"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert backend.unsupported_reason(other) == (f"TVM could not build {failed}: InternalError: "
+                                                 f"variable cse_v16 has been used before")

@@ -91,7 +91,12 @@ class TvmBackend(Backend):
         if reason or not self.built:
             return reason
         key = kernels.KernelKey.for_case(case, self.target)
-        return None if key in self.built else f"{key.filename} is not in the ahead-of-time build"
+        if key in self.built:
+            return None
+        failed = kernels.build_failures(aot_dir()).get(key.filename)
+        if failed:  # TVM's own words (docs/findings/tvm-cuda-prefill-small-head-build.md)
+            return f"TVM could not build {key.filename}: {failed}"
+        return f"{key.filename} is not in the ahead-of-time build"
 
     def notes(self) -> list[str]:
         cache = self.cache

@@ -80,11 +80,18 @@ _FILENAME = re.compile(r"(decode|prefill|tree|mla|merge)-(llvm|cuda)-q(\d+)kv(\d
 
 def built_keys(aot_dir: Path) -> set[KernelKey]:
     """The kernels an ahead-of-time build holds, from its manifest (none without one)."""
-    manifest = aot_dir / "manifest.json"
-    if not manifest.is_file():
-        return set()
-    names = json.loads(manifest.read_text()).get("keys", [])
+    names = _manifest(aot_dir).get("keys", [])
     return {key for key in map(KernelKey.from_filename, names) if key is not None}
+
+
+def build_failures(aot_dir: Path) -> dict[str, str]:
+    """The kernels TVM could not build there, by file name, with TVM's error."""
+    return _manifest(aot_dir).get("failures", {})
+
+
+def _manifest(aot_dir: Path) -> dict:
+    manifest = aot_dir / "manifest.json"
+    return json.loads(manifest.read_text()) if manifest.is_file() else {}
 
 
 def has_compiler() -> bool:
@@ -221,8 +228,8 @@ class KernelCache:
         if self.aot_dir is not None and (self.aot_dir / key.filename).exists():
             self.loaded += 1
             return tvm.runtime.load_module(str(self.aot_dir / key.filename))
-        if self.aot_dir is not None and (self.aot_dir / "manifest.json").exists():
-            failures = json.loads((self.aot_dir / "manifest.json").read_text())["failures"]
+        if self.aot_dir is not None:
+            failures = build_failures(self.aot_dir)
             if key.filename in failures:
                 raise RuntimeError(f"TVM could not build {key.filename}: "
                                    f"{failures[key.filename]}")
