@@ -103,5 +103,6 @@ def test_runtime_only_tvm_refuses_a_shape_its_build_lacks_and_takes_one_it_has(
     failed = kernels.KernelKey.for_case(other, "llvm").filename
     manifest["failures"][failed] = "InternalError: variable cse_v16 has been used before"
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    backend = tvm_backends.TvmCpu()  # a backend reads its build's manifest when it starts
     assert backend.unsupported_reason(other) == (f"TVM could not build {failed}: InternalError: "
                                                  f"variable cse_v16 has been used before")

@@ -72,6 +72,8 @@ class TvmBackend(Backend):
         self.tvm = kernels.import_tvm()
         self.cache = kernels.KernelCache(self.target, aot_dir())
         self.built = aot_only(self.target)  # None: shapes compile on demand
+        # what TVM could not build there, in its own words (read once, as ``built`` is)
+        self.build_failed = kernels.build_failures(aot_dir()) if self.built else {}
         self.device = self.tvm.cpu(0) if self.target == "llvm" else self.tvm.cuda(0)
 
     def unsupported_reason(self, case) -> str | None:
@@ -93,7 +95,7 @@ class TvmBackend(Backend):
         key = kernels.KernelKey.for_case(case, self.target)
         if key in self.built:
             return None
-        failed = kernels.build_failures(aot_dir()).get(key.filename)
+        failed = self.build_failed.get(key.filename)
         if failed:  # TVM's own words (docs/findings/tvm-cuda-prefill-small-head-build.md)
             return f"TVM could not build {key.filename}: {failed}"
         return f"{key.filename} is not in the ahead-of-time build"

@@ -59,7 +59,7 @@ class Segments:
     kept positions jump, so each segment is contiguous, and add that to its LSE."""
 
     def __init__(self, trial: Trial, scheme: str):
-        self.trial, self.scheme = trial, scheme
+        self.trial = trial
         self.logical, problem = trial.logical.per_token(), trial.problem
         self.kept = [problem.kept(r) for r in range(problem.tokens)]
         self.cuts = [_cuts(len(k), problem.page_size, scheme) for k in self.kept]
