@@ -37,7 +37,8 @@
 #        explore (which draws the modifiers where claimed) on the modifier ones, side by side
 #   bash benchmarks/gpu_session.sh speed               # issue 22: SPEED_BACKEND's ci cold and
 #        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
-#        FULL_TIMEOUT), -j JOBS
+#        FULL_TIMEOUT; 0: not run), -j JOBS; BASELINE=DIR (an older checkout): its ci and this
+#        tree on that spec, warm, alternating, ROUNDS times, first
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -47,7 +48,7 @@
 # Folders too large to carry as they are can travel as .gpu-carry/NAME.tar.gz (unpacked here).
 set -uo pipefail
 OUT=${OUT:-gpu-results}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: runs of an older checkout cd there
 export PYTHONUNBUFFERED=1
 # The carried folders are unpacked and installed once for what was carried: sessions started
 # side by side (one per job) wait on the lock rather than unpack over each other's imports.
@@ -75,8 +76,13 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 timed() {  # NAME TIMEOUT ARGS...: one run (-j $jobs), its wall time and exit status in runs.txt
   local name=$1 limit=$2 start rc; shift 2
   start=$(date +%s.%N)
-  timeout "$limit" python3 -m conformance run -j "$jobs" --durations 12 \
-    --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  if [[ -n ${TREE:-} ]]; then  # an older checkout, importing its own package (no --durations)
+    (cd "$TREE" && PYTHONPATH="$PWD:$PYTHONPATH" timeout "$limit" python3 -m conformance run \
+      -j "$jobs" --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1)
+  else
+    timeout "$limit" python3 -m conformance run -j "$jobs" --durations 12 \
+      --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  fi
   rc=$?
   echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s" \
     | tee -a "$OUT/runs.txt"
@@ -314,11 +320,21 @@ PY
     backend=${SPEED_BACKEND:-triton-splitkv}
     jobs=${JOBS:-16}
     timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
+    if [[ -n ${BASELINE:-} ]]; then  # BASELINE: an older checkout's folder, side by side on
+      # its own ci spec, warm, alternating (ROUNDS), with this tree given that spec
+      TREE=$(realpath "$BASELINE") timed "ci-$backend-baseline-cold" 300 --backend "$backend" --profile ci
+      for round in $(seq "${ROUNDS:-3}"); do
+        TREE=$(realpath "$BASELINE") timed "ci-$backend-baseline-$round" 300 --backend "$backend" --profile ci
+        timed "ci-$backend-baseline-spec-$round" 300 --backend "$backend" --profile ci \
+          --spec "$BASELINE/conformance/spec.toml"
+      done
+    fi
     timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
     # half the jobs: each job's harness and worker then have a CPU each, and wait by polling
     jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
-    timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
+    [[ ${FULL_TIMEOUT:-330} != 0 ]] && \
+      timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
