@@ -38,7 +38,7 @@
 #   bash benchmarks/gpu_session.sh speed               # issue 22: SPEED_BACKEND's ci cold and
 #        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
 #        FULL_TIMEOUT; 0: not run), -j JOBS; BASELINE=DIR (an older checkout): its ci and this
-#        tree on that spec, warm, alternating, ROUNDS times, first
+#        tree on that spec, warm, alternating, ROUNDS times, first; HALF_JOBS=0: no half-jobs run
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -331,7 +331,8 @@ PY
     fi
     timed "ci-$backend-warm" 300 --backend "$backend" --profile ci
     # half the jobs: each job's harness and worker then have a CPU each, and wait by polling
-    jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
+    [[ ${HALF_JOBS:-1} == 1 ]] && \
+      jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
     [[ ${FULL_TIMEOUT:-330} != 0 ]] && \
       timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
