@@ -310,6 +310,41 @@ def test_progress_says_the_time_left_and_the_failures_and_fits_the_terminal(monk
     assert line.startswith("\r[") and len(line) == 1 + 59 and "1 failing" in line
 
 
+def test_python_bytecode_joins_the_caches_only_where_the_libraries_keep_none(tmp_path,
+                                                                             monkeypatch):
+    """Where the installed libraries' bytecode is not kept beside them (an image installed
+    with PYTHONDONTWRITEBYTECODE), every worker would compile torch from source: Python's
+    cache goes under the folder, written by the workers; elsewhere, and where the user chose a
+    prefix, nothing changes."""
+    import importlib.machinery
+    import py_compile
+
+    from conformance import caches
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # use_cache_dir sets it directly
+    for variable in [*caches.CACHE_VARIABLES, "PYTHONPYCACHEPREFIX"]:
+        os.environ.pop(variable, None)
+    source = tmp_path / "library.py"
+    source.write_text("VALUE = 1\n")
+    monkeypatch.setattr(caches.importlib.util, "find_spec", lambda name:
+                        importlib.machinery.ModuleSpec(name, None, origin=str(source)))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert not caches.libraries_bytecode_kept()
+    assert caches.use_cache_dir(tmp_path)["PYTHONPYCACHEPREFIX"] == str(tmp_path / "python")
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(tmp_path / "python")
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "mine"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert "PYTHONPYCACHEPREFIX" not in caches.use_cache_dir(tmp_path)
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(tmp_path / "mine")
+    assert os.environ["PYTHONDONTWRITEBYTECODE"] == "1"
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    py_compile.compile(str(source))  # now kept beside it, as pip does on install
+    assert caches.libraries_bytecode_kept()
+    assert "PYTHONPYCACHEPREFIX" not in caches.use_cache_dir(tmp_path)
+    assert "PYTHONPYCACHEPREFIX" not in os.environ and os.environ["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
 def test_compile_caches_live_under_one_folder_that_the_workers_inherit(tmp_path):
     """``--cache-dir``: Triton's, Inductor's and FlashInfer's caches under one folder (one CI
     cache step keeps them all), seen by the backend in its worker process."""
