@@ -1,6 +1,7 @@
 """Launch-parameter sweep of the split-KV kernel on the GPU shapes (run on a GPU machine).
 
     python benchmarks/sweep_splitkv.py --out sweep.json [--fp8 | --splits | --mla]
+        [--shape NAME ...] [--grid '{"BLOCK_N": [64, 128], ...}']
 
 For every shape of the ``gpu`` set and every (BLOCK_N, num_warps, num_stages, waves), the
 median time by ``time_cuda``; prints the best configuration per shape. ``--fp8``: the shapes'
@@ -10,7 +11,8 @@ e4m3 twins (per-tensor scales) over the pipeline depths and the ways of reading 
 and e4m3, at its default configuration over split counts that fill the GPU with k = 1..6
 programs per SM (and one either side), next to the count the heuristic picks. ``--mla``: the
 MLA kernel (``mla_kernel``) on the ``mla`` shapes over heads per tile, tokens per tile and
-warps.
+warps. ``--shape`` keeps the named bench shapes (an fp8 twin is named ``NAME-kv-e4m3``);
+``--grid`` replaces some of the grid's lists with those given, as JSON.
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ def main() -> None:
     parser.add_argument("--splits", action="store_true",
                         help="split counts at the default configuration, both caches")
     parser.add_argument("--mla", action="store_true", help="the MLA kernel on the mla shapes")
+    parser.add_argument("--shape", action="append", default=[],
+                        help="only this bench shape (repeatable)")
+    parser.add_argument("--grid", type=json.loads, default={},
+                        help="JSON: lists replacing the grid's, by parameter")
     args = parser.parse_args()
     grid = GRID_MLA if args.mla else GRID_FP8 if args.fp8 else GRID
+    unknown = sorted(set(args.grid) - set(grid))
+    if unknown:
+        parser.error(f"--grid: {unknown[0]!r} is not one of {', '.join(grid)}")
+    grid = {**grid, **args.grid}
     mode = runtime.select_mode()
     import torch
 
@@ -60,6 +70,8 @@ def main() -> None:
         if (shape.kv_dtype is not None) != args.fp8 and not args.splits:
             continue
         if shape.query_len > 1:  # one query token per sequence: the launch takes no Queries
+            continue
+        if args.shape and shape.name not in args.shape:
             continue
         problem = materialise(shape.case())
         tensors = {k: to_torch(v, "cuda") for k, v in problem.arrays().items()}
