@@ -217,7 +217,10 @@ class Probe:
             return Declared.unloadable(target, f"loading it timed out after {self.timeout:g} s "
                                                f"(its import or availability check); it was "
                                                f"killed")
-        worker.close()
+        # Ended beside the run, not before it: a worker that imported torch takes 0.4 s (CPU)
+        # to exit, time the pool's workers can spend loading. A thread the interpreter waits
+        # for, so a worker slow to exit is still killed after close's grace period.
+        threading.Thread(target=worker.close, name=f"closing probe {target}").start()
         kind, value, _ = reply
         if kind != "ok":
             raise UnknownBackendError(str(value))

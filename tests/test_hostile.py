@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from xml.etree import ElementTree as ET
 
@@ -231,6 +232,25 @@ def test_a_backend_that_claims_no_case_fails_unless_allowed(tmp_path):
     assert "dtypes ['bfloat16']" in result.stdout
     assert not json.loads((tmp_path / "r.json").read_text())["ok"]
     assert cli("run", "--backend", f"{source}:Narrow", *SINKS, "--allow-empty").returncode == 0
+
+
+def test_the_probe_worker_ends_beside_the_run_and_is_killed_if_it_lingers(tmp_path):
+    """Reading the declaration does not wait for the probe's worker to exit; one whose exit
+    hangs is still killed after the grace period, so no worker outlives the harness."""
+    from conformance.worker_process import Probe
+
+    source = tmp_path / "lingers.py"
+    source.write_text("import atexit, time\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
+                      "atexit.register(time.sleep, 600)\n\n"
+                      "class Lingers(NumpySplitK):\n    name = 'lingers'\n")
+    probe = Probe(f"{source}:Lingers", 120)
+    assert probe.result().name == "lingers"
+    closing = [t for t in threading.enumerate() if t.name == f"closing probe {source}:Lingers"]
+    assert len(closing) == 1 and probe.worker.process.poll() is None  # not waited for
+    closing[0].join(timeout=60)
+    assert not closing[0].is_alive()
+    assert probe.worker.process.returncode == -signal.SIGKILL
 
 
 def test_a_backend_file_that_fails_to_import_is_one_line_and_exit_2(tmp_path):
