@@ -64,47 +64,65 @@ def polling_environment(jobs: int) -> dict[str, str]:
     return {POLL_VARIABLE: "0"} if 2 * jobs > CPUS else {}
 
 
-def _serve(conn: Connection, work: Callable[[Any], Any], env: dict[str, str]) -> None:
+def _serve(conn: Connection, work: Callable[[Any], Any], env: dict[str, str],
+           warm: Callable[[], Callable[[], None]] | None) -> None:
     os.environ.update(env)
     with profiled("pool"):
-        while (task := conn.recv()) is not None:
-            index, item = task
-            conn.send((index, work(item)))
+        cool = warm() if warm is not None else None
+        try:
+            while (task := conn.recv()) is not None:
+                index, item = task
+                conn.send((index, work(item)))
+        finally:
+            if cool is not None:
+                cool()
 
 
-def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,
-             on_done: Callable[[int, Any], None],
-             on_crash: Callable[[int, int | None], Any]) -> None:
-    """Call ``work(item)`` for every item on ``jobs`` spawned workers.
+class Pool:
+    """``jobs`` spawned workers, started before their items are known.
 
-    ``work`` must be a module-level function (it is pickled by name). Each result goes to
-    ``on_done(index, result)``; when a worker dies holding an item, ``on_crash(index,
-    exitcode)`` makes its result instead and a new worker takes the dead one's slot (and GPU).
+    Each first calls ``warm()`` (a module-level callable, pickled by name), which may begin
+    something slow (opening a backend) while the caller still prepares the items, and returns
+    what ends it if it went unused. ``run`` then calls ``work(item)`` for every item: each
+    result goes to ``on_done(index, result)``; when a worker dies holding an item,
+    ``on_crash(index, exitcode)`` makes its result instead and a new worker (not warmed)
+    takes the dead one's slot (and GPU).
     """
-    context = multiprocessing.get_context("spawn")
-    pending = list(enumerate(items))[::-1]
-    # connection -> (process, slot, index of the item it holds or None)
-    workers: dict[Connection, tuple[multiprocessing.Process, int, int | None]] = {}
 
-    def start(slot: int) -> None:
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, daemon=True,
-                                  args=(child, work, {**gpu_environment(slot),
-                                                      **polling_environment(jobs)}))
+    def __init__(self, work: Callable[[Any], Any], jobs: int,
+                 warm: Callable[[], Callable[[], None]] | None = None):
+        self.context = multiprocessing.get_context("spawn")
+        self.work, self.jobs = work, max(1, jobs)
+        # connection -> (process, slot, index of the item it holds or None)
+        self.workers: dict[Connection, tuple[multiprocessing.Process, int, int | None]] = {}
+        for slot in range(self.jobs):
+            self._start(slot, warm)
+
+    def _start(self, slot: int, warm: Callable[[], Callable[[], None]] | None = None
+               ) -> Connection:
+        parent, child = self.context.Pipe()
+        process = self.context.Process(target=_serve, daemon=True,
+                                       args=(child, self.work,
+                                             {**gpu_environment(slot),
+                                              **polling_environment(self.jobs)}, warm))
         process.start()
         child.close()
-        workers[parent] = (process, slot, None)
-        dispatch(parent)
+        self.workers[parent] = (process, slot, None)
+        return parent
 
-    def dispatch(conn: Connection) -> None:
-        process, slot, _ = workers[conn]
-        task = pending.pop() if pending else None
-        conn.send(task)
-        workers[conn] = (process, slot, task[0] if task else None)
+    def run(self, items: list[Any], on_done: Callable[[int, Any], None],
+            on_crash: Callable[[int, int | None], Any]) -> None:
+        pending = list(enumerate(items))[::-1]
+        workers = self.workers
 
-    try:
-        for slot in range(max(1, min(jobs, len(items)))):
-            start(slot)
+        def dispatch(conn: Connection) -> None:
+            process, slot, _ = workers[conn]
+            task = pending.pop() if pending else None
+            conn.send(task)
+            workers[conn] = (process, slot, task[0] if task else None)
+
+        for conn in list(workers):
+            dispatch(conn)
         while any(index is not None for _, _, index in workers.values()):
             sentinels = {process.sentinel: conn for conn, (process, _, _) in workers.items()}
             for ready in wait(list(workers) + list(sentinels)):
@@ -123,9 +141,33 @@ def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,
                     del workers[conn]
                     if index is not None:
                         on_done(index, on_crash(index, process.exitcode))
-                        start(slot)
-    finally:
-        for process, _, _ in workers.values():
+                        dispatch(self._start(slot))
+
+    def close(self) -> None:
+        """End every worker: told to (a worker that ran out of items was told already), then
+        given 5 s, then killed."""
+        for conn, (process, _, index) in self.workers.items():
+            if index is not None or process.is_alive():
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+        for process, _, _ in self.workers.values():
             process.join(timeout=5)
             if process.is_alive():
                 process.kill()
+        self.workers = {}
+
+
+def run_pool(items: list[Any], work: Callable[[Any], Any], jobs: int,
+             on_done: Callable[[int, Any], None],
+             on_crash: Callable[[int, int | None], Any], pool: Pool | None = None) -> None:
+    """``Pool.run`` on ``pool``, or on a pool of ``jobs`` workers started here. ``work`` must
+    be a module-level function (it is pickled by name)."""
+    own = pool is None
+    pool = pool or Pool(work, min(jobs, len(items)))
+    try:
+        pool.run(items, on_done, on_crash)
+    finally:
+        if own:
+            pool.close()

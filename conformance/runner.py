@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.checks.outcomes import unsupported
@@ -20,6 +21,9 @@ from conformance.session import BackendRun, RunSettings
 from conformance.spec import Case
 from conformance.status import FAILING, Status
 from conformance.verdict import CaseRecord, RunReport
+
+if TYPE_CHECKING:
+    from conformance.parallel import Pool
 
 
 def family_results(backend: BackendRun, case: Case, family: str,
@@ -70,6 +74,21 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
                       seconds=time.monotonic() - started)
 
 
+def start_pool(jobs: int, tasks: int, target: str | None) -> Pool | None:
+    """The ``-j`` worker processes for ``tasks`` (backend, case) pairs, started now, each
+    opening ``target`` (the first backend's) ahead, so that they load it while the harness
+    reads its declaration; None where the run is serial."""
+    if jobs < 2 or tasks < 2:
+        return None
+    from functools import partial
+
+    from conformance.parallel import Pool
+    from conformance.worker_process import open_ahead
+
+    return Pool(_evaluate_in_worker, min(jobs, tasks),
+                partial(open_ahead, target) if target else None)
+
+
 # Per worker process of ``-j``: the backends it has connected, by label.
 _WORKER_BACKENDS: dict[str, BackendRun] = {}
 
@@ -95,12 +114,13 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
 
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         progress: Callable[[int, int, str, int], None] | None = None,
-        jobs: int = 1) -> RunReport:
+        jobs: int = 1, pool: Pool | None = None) -> RunReport:
     """Every family for every case on every backend; a backend fault never stops the run.
 
-    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``); results are
-    reported in the same order as a serial run. ``progress(done, total, label, failing)``
-    hears of each finished case, with the unexpected failures so far.
+    With ``jobs > 1`` cases go to worker processes (``conformance.parallel``; ``pool``: ones
+    started already, by ``start_pool``); results are reported in the same order as a serial
+    run. ``progress(done, total, label, failing)`` hears of each finished case, with the
+    unexpected failures so far.
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
@@ -120,12 +140,12 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         return crashed_record(backend, case, settings, exitcode)
 
     try:
-        if jobs > 1 and len(tasks) > 1:
+        if pool is not None or (jobs > 1 and len(tasks) > 1):
             from conformance.parallel import run_pool
 
             detached = {b.label: b.detached() for b in backends}
             run_pool([(detached[b.label], c, settings) for b, c in tasks], _evaluate_in_worker,
-                     jobs, done, crashed)
+                     jobs, done, crashed, pool)
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))

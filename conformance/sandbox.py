@@ -40,7 +40,7 @@ from conformance.worker import (
     describe_exception,
     device_lost,
 )
-from conformance.worker_process import DEPTH, OUTPUT_TAIL, Worker
+from conformance.worker_process import DEPTH, OUTPUT_TAIL, Worker, take_ahead
 
 # --- what a call handed over, as the backend left it ---------------------------------------------
 
@@ -245,6 +245,10 @@ class IsolatedBackend(BackendHandle):
     # - the worker's life -
 
     def _start(self) -> None:
+        self.worker = take_ahead(self.target)
+        if self.worker is not None:  # opened ahead (``parallel.Pool``): read its reply
+            self._receive("loading the backend", self.worker.number)
+            return
         self.worker = Worker()
         self._request(("open", self.target), "loading the backend")
 

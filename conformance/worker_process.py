@@ -19,6 +19,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from conformance.backends.registry import UnknownBackendError
@@ -181,6 +182,34 @@ class Worker:
         last = self.output.last_lines()
         return f"the worker process {how} during {what}" + (f"; its last output: {last}"
                                                             if last else "")
+
+
+# Workers started by ``open_ahead``, by target, until a handle in this process takes one.
+_AHEAD: dict[str, Worker] = {}
+
+
+def open_ahead(target: str) -> Callable[[], None]:
+    """Start a worker opening ``target`` now, its reply unread, for the first handle of that
+    target in this process (``take_ahead``): a pool's workers load the backend while the
+    harness's probe still does. Returns what ends it if no handle took it."""
+    worker = Worker()
+    try:
+        worker.send(("open", target), None)
+    except OSError:  # gone at once: the handle starts its own and reports why
+        worker.end()
+        return lambda: None
+    _AHEAD[target] = worker
+
+    def end_if_unused() -> None:
+        if _AHEAD.get(target) is worker:
+            del _AHEAD[target]
+            worker.end()
+    return end_if_unused
+
+
+def take_ahead(target: str) -> Worker | None:
+    """The worker ``open_ahead`` started for ``target``, its open request still out."""
+    return _AHEAD.pop(target, None)
 
 
 class Probe:

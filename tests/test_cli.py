@@ -206,6 +206,24 @@ def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
         cli("list", "--profile", "smoke").stdout.split())
 
 
+def test_parallel_workers_load_the_backend_while_its_probe_does(tmp_path):
+    """The -j workers open a named backend ahead: all three loads (the probe's and two
+    workers') are under way at one moment, where they used to follow one another."""
+    source, loads = tmp_path / "slow_load.py", tmp_path / "loads.txt"
+    source.write_text("import os, time\n"
+                      "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
+                      "began = time.time()\ntime.sleep(3)\n"
+                      "with open(os.environ['LOADS'], 'a') as log:\n"
+                      "    log.write(f'{began} {time.time()}\\n')\n\n"
+                      "class SlowLoad(NumpySplitK):\n    name = 'slow-load'\n")
+    result = cli("run", "--backend", f"{source}:SlowLoad", "-k", "basic/", "-j", "2",
+                 env={**os.environ, "LOADS": str(loads)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    spans = [tuple(map(float, line.split())) for line in loads.read_text().splitlines()]
+    assert len(spans) == 3
+    assert max(began for began, _ in spans) < min(ended for _, ended in spans)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_terminated_run_still_writes_its_partial_report(tmp_path, jobs):
     import signal

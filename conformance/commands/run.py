@@ -13,9 +13,9 @@ from conformance.commands import job_count, loading, open_named, settings_from
 from conformance.inputs import check_directory, check_outputs
 from conformance.interrupts import protect_reports, stop_on_signals
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
-from conformance.runner import run
+from conformance.runner import run, start_pool
 from conformance.selection import select_cases
-from conformance.session import check_families, open_backends
+from conformance.session import BackendRun, check_families, open_backends
 from conformance.spec import SpecError, check_sizes
 from conformance.status import BROKEN
 
@@ -47,19 +47,20 @@ def handle_run(args: argparse.Namespace) -> int:
     check_sizes(cases, args.max_case_mib)
     baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
                 if args.compare_accuracy else None)
-    if args.backend:
-        backends = open_named(args.backend, args)
+    jobs = job_count(args.jobs)
+    # named backends: the -j workers start loading the first while its probe runs
+    pool = (start_pool(jobs, len(cases) * len(args.backend), args.backend[0])
+            if args.backend and not args.in_process else None)
+    try:
+        backends = _open_backends(args)
         if backends is None:
             return 2
-    else:
-        backends = open_backends(sorted(known_backends()), args.expectations, **loading(args))
-        for backend in backends:
-            if backend.reason:
-                print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
-        backends = [b for b in backends if b.reason is None]
-    started = time.monotonic()
-    stop_on_signals()
-    report = run(backends, cases, settings, Progress(), jobs=job_count(args.jobs))
+        started = time.monotonic()
+        stop_on_signals()
+        report = run(backends, cases, settings, Progress(), jobs=jobs, pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
     protect_reports()
     if baseline is not None:
         report.results.extend(drift_results(report, baseline, args.drift_factor))
@@ -81,6 +82,17 @@ def handle_run(args: argparse.Namespace) -> int:
     if not written:
         return 2
     return 0 if report.ok else 1
+
+
+def _open_backends(args: argparse.Namespace) -> list[BackendRun] | None:
+    """The named backends (None when one cannot run here), or every available one."""
+    if args.backend:
+        return open_named(args.backend, args)
+    backends = open_backends(sorted(known_backends()), args.expectations, **loading(args))
+    for backend in backends:
+        if backend.reason:
+            print(f"skipping backend {backend.label}: {backend.reason}", file=sys.stderr)
+    return [b for b in backends if b.reason is None]
 
 
 REPORT_OPTIONS = ("report_json", "junit_xml", "summary_md", "save_accuracy")
