@@ -39,8 +39,7 @@
 #        warm (-j JOBS (16), then half), numpy's ci, then SPEED_BACKEND's full warm (cut at
 #        FULL_TIMEOUT; 0: not run), -j JOBS; BASELINE=DIR (an older checkout): its ci and this
 #        tree on that spec, warm, alternating, ROUNDS times, first; HALF_JOBS=0: no half-jobs run;
-#        whether Python keeps bytecode there (python-bytecode.txt), and two warm ci runs
-#        with PYTHONPYCACHEPREFIX set (PYCACHE_RUNS=0: not run)
+#        whether Python keeps the libraries' bytecode there (python-bytecode.txt)
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -337,24 +336,11 @@ PY
       jobs=$(( jobs / 2 )) timed "ci-$backend-warm-half-jobs" 300 --backend "$backend" --profile ci
     timed "ci-numpy" 300 --backend numpy --profile ci
     # A profiled warm ci (2026-12-05) compiled 776 modules from source in each fresh worker
-    # (2.7 s a worker): whether this Python keeps the libraries' bytecode, and the warm ci
-    # with it kept under a folder of its own (the first run fills it)
-    python3 - > "$OUT/python-bytecode.txt" 2>&1 <<'PY'
-import importlib.util, os, sys
-torch = importlib.util.find_spec("torch").origin
-cached = importlib.util.cache_from_source(torch)
-print("dont_write_bytecode", sys.flags.dont_write_bytecode, "pycache_prefix", sys.pycache_prefix,
-      "PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"))
-print(torch, "bytecode kept:", os.path.exists(cached),
-      "folder writable:", os.access(os.path.dirname(torch), os.W_OK))
-PY
-    if [[ ${PYCACHE_RUNS:-1} == 1 ]]; then
-      for round in 1 2; do
-        env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pycache \
-          bash -c "$(declare -f timed); jobs=$jobs OUT=$OUT timed ci-$backend-pycache-$round 300 \
-          --backend $backend --profile ci"
-      done
-    fi
+    # (2.7 s a worker): whether this Python keeps the libraries' bytecode (where it does not,
+    # --cache-dir keeps the workers' under its python/ folder: conformance/caches.py)
+    python3 -c "import sys; from conformance.caches import libraries_bytecode_kept as kept
+print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix',
+      sys.pycache_prefix, 'libraries_bytecode_kept', kept())" > "$OUT/python-bytecode.txt" 2>&1
     [[ ${FULL_TIMEOUT:-330} != 0 ]] && \
       timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
     ;;

@@ -42,12 +42,12 @@ def use_cache_dir(path: Path | None) -> dict[str, str]:
     for variable, folder in CACHE_VARIABLES.items():
         if path is not None or variable not in os.environ:
             os.environ[variable] = str(root / folder)
-    kept = {variable: os.environ[variable] for variable in CACHE_VARIABLES}
+    chosen = {variable: os.environ[variable] for variable in CACHE_VARIABLES}
     if "PYTHONPYCACHEPREFIX" not in os.environ and not libraries_bytecode_kept():
         os.environ["PYTHONPYCACHEPREFIX"] = str(root / "python")
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the workers' bytecode goes there
-        kept["PYTHONPYCACHEPREFIX"] = os.environ["PYTHONPYCACHEPREFIX"]
-    return kept
+        chosen["PYTHONPYCACHEPREFIX"] = os.environ["PYTHONPYCACHEPREFIX"]
+    return chosen
 
 
 def libraries_bytecode_kept() -> bool:

@@ -144,14 +144,13 @@ class Pool:
                         dispatch(self._start(slot))
 
     def close(self) -> None:
-        """End every worker: told to (a worker that ran out of items was told already), then
+        """End every worker: told to (again, for one that ran out of items: harmless), then
         given 5 s, then killed."""
-        for conn, (process, _, index) in self.workers.items():
-            if index is not None or process.is_alive():
-                try:
-                    conn.send(None)
-                except OSError:
-                    pass
+        for conn in self.workers:
+            try:
+                conn.send(None)
+            except OSError:  # it has ended
+                pass
         for process, _, _ in self.workers.values():
             process.join(timeout=5)
             if process.is_alive():
