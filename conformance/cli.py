@@ -99,7 +99,11 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     parallel.add_argument("--max-case-mib", type=_positive, default=DEFAULT_MAX_CASE_MIB,
                           help=f"refuse cases whose arrays would be larger (default "
                                f"{DEFAULT_MAX_CASE_MIB})")
-    return {"spec": spec, "worker": worker, "parallel": parallel}
+    patterns = argparse.ArgumentParser(add_help=False)
+    patterns.add_argument("-k", dest="patterns", action="append", default=[],
+                          help="keep case ids containing PATTERN (* and ? are wildcards; "
+                               "repeated: all of them)")
+    return {"spec": spec, "worker": worker, "parallel": parallel, "patterns": patterns}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,17 +123,13 @@ def _parser() -> argparse.ArgumentParser:
 
     command("backends", handle_backends, "registered backends: availability and capabilities")
 
-    listing = command("list", handle_list, "the case ids of a profile", "spec")
-    listing.add_argument("-k", dest="patterns", action="append", default=[],
-                         help="keep ids containing PATTERN (* and ? are wildcards)")
+    command("list", handle_list, "the case ids of a profile", "spec", "patterns")
 
     running = command("run", handle_run, "run the checks; exit 1 on any unexpected failure",
-                      "spec", "worker", "parallel")
+                      "spec", "worker", "parallel", "patterns")
     running.add_argument("--backend", action="append", default=[],
                          help="a registered name or module:Class (repeatable); "
                               "default: every available backend")
-    running.add_argument("-k", dest="patterns", action="append", default=[],
-                         help="keep case ids containing PATTERN (* and ? are wildcards)")
     running.add_argument("--case", action="append", default=[], help="exactly this case id")
     running.add_argument("--check", action="append", default=[],
                          help=f"check family (repeatable): {', '.join(CHECK_FAMILIES)}")
@@ -214,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
                                 "sets (refused by default: a mis-wired gate would pass)")
 
     building = command("build", handle_build, "ahead-of-time build of a backend's kernels",
-                       "spec")
+                       "spec", "patterns")
     building.add_argument("what", choices=["tvm"], help="which kernels")
     building.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     building.add_argument("--bench-shapes", metavar="SET",

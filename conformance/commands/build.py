@@ -22,7 +22,7 @@ def handle_build(args: argparse.Namespace) -> int:
         what = f"{len(cases)} kernel shapes drawn for explore (seed {args.seed})"
     else:
         settings = RunSettings(profile=args.profile, spec_path=args.spec)
-        cases = select_cases(settings.spec(), args.profile)
+        cases = select_cases(settings.spec(), args.profile, args.patterns)
         if args.bench_shapes:
             cases += [shape.case() for shape in select_shapes(args.bench_shapes)]
         cases = [c for c in cases if backend.capabilities.unsupported_reason(c) is None]
