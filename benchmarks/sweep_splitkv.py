@@ -26,12 +26,14 @@ from conformance.backends.tensors import to_torch
 from conformance.backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
-        "waves": [1, 2, 4]}
-# fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes
+        "waves": [1, 2, 4], "loop_stages": [None]}
+# fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes;
+# loop_stages: the tile loop's own tl.range(num_stages=), which pipelines every load in it
+# (None: only the loads that feed a tl.dot, by the launch's num_stages)
 GRID_MLA = {"BLOCK_H": [16, 32, 64], "BLOCK_N": [16, 32], "num_warps": [4, 8],
             "num_stages": [2], "waves": [2]}
 GRID_FP8 = {"BLOCK_N": [128], "num_warps": [4], "num_stages": [2, 3, 4], "waves": [2, 4],
-            "fp8_words": [0, 1, 2]}
+            "fp8_words": [0, 1, 2], "loop_stages": [None]}
 
 
 def main() -> None:
@@ -64,6 +66,11 @@ def main() -> None:
 
     copy_rate = copy_bandwidth()
     rows = []
+
+    def save() -> None:  # after every row: a sweep cut by a time limit keeps what it measured
+        with open(args.out, "w") as handle:
+            json.dump({"copy_bytes_per_s": copy_rate, "gpu": torch.cuda.get_device_name(0),
+                       "rows": rows}, handle, indent=1)
     for shape in select_shapes("mla" if args.mla else "gpu"):
         if (shape.kv_lora_rank is not None) != args.mla:
             continue
@@ -114,6 +121,7 @@ def main() -> None:
                 seconds = time_cuda(call)
             except Exception as exc:  # a configuration that does not compile or launch
                 rows.append({"shape": shape.name, **config, "error": repr(exc)[:200]})
+                save()
                 continue
             fraction = shape.kv_bytes / seconds / copy_rate
             call()
@@ -125,12 +133,10 @@ def main() -> None:
                          "max_diff_from_first": float((result - first).abs().max())})
             if best is None or fraction > best["fraction_of_copy"]:
                 best = rows[-1]
+            save()
         print(f"{shape.name:16} best {best}", flush=True)
         del tensors, out_t, lse_t
         torch.cuda.empty_cache()
-    with open(args.out, "w") as handle:
-        json.dump({"copy_bytes_per_s": copy_rate, "gpu": torch.cuda.get_device_name(0),
-                   "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def _splitkv_partial_kernel(
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, FP8_WORDS: tl.constexpr,
-    E5M2: tl.constexpr,
+    E5M2: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,7 +102,7 @@ def _splitkv_partial_kernel(
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     table_row = block_table + b.to(tl.int64) * stride_table
-    for tile in range(start, end, BLOCK_N):
+    for tile in tl.range(start, end, BLOCK_N, num_stages=LOOP_STAGES):
         position, valid, slot = tile_slots(table_row, tile, end, sinks_kept, window_start,
                                            PAGE_SIZE, BLOCK_N)
         token = slot * NUM_KV_HEADS + kv_head
@@ -289,7 +289,7 @@ def tile_config(head_dim: int, fp8: bool = False, rows: int = 16, batch: int = 1
     which cost 11-17% at batch 1 (h200-fp8/sweep-fp8-bit-moves-2026-12-03.json)."""
     block_n = 128 if head_dim <= 128 and rows <= 64 else 64
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2,
-            "waves": 4 if fp8 and batch >= 8 else 2, "fp8_words": WORDS_V}
+            "waves": 4 if fp8 and batch >= 8 else 2, "fp8_words": WORDS_V, "loop_stages": None}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
@@ -359,6 +359,7 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
         DOT_DTYPE=DOT_DTYPES[str(out.dtype)], HAS_CAP=modifiers.soft_cap is not None,
         HAS_ALIBI=modifiers.alibi_slopes is not None,
         FP8_WORDS=fp8_words(scales, out, head_dim, config["fp8_words"]),
-        E5M2=str(k_pages.dtype) == "torch.float8_e5m2", num_warps=config["num_warps"],
+        E5M2=str(k_pages.dtype) == "torch.float8_e5m2", LOOP_STAGES=config["loop_stages"],
+        num_warps=config["num_warps"],
         num_stages=config["num_stages"])
     combine_splits(part_m, part_l, part_acc, out, lse, modifiers.sink_logits)
