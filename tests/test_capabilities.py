@@ -87,6 +87,35 @@ def test_an_explore_build_holds_every_kernel_of_the_shapes_explore_draws(tmp_pat
     assert refused.returncode == 2 and "--explore" in refused.stderr
 
 
+def test_build_k_builds_the_kernels_of_the_cases_it_selects_and_no_others(tmp_path,
+                                                                          monkeypatch):
+    """`build tvm -k A -k B` narrows the profile as `run -k` does (ids containing both)."""
+    from conformance.cli import _parser
+    from conformance.commands import build as build_command
+    from conformance.selection import select_cases
+    from conformance.session import RunSettings
+
+    built = {}
+
+    def record(keys, out, fatbins):
+        built["keys"] = set(keys)
+        return {"compile_seconds": 0.0, "nvcc_seconds": 0.0, "failures": {}}
+
+    monkeypatch.setattr(build_command, "build", record)
+    args = _parser().parse_args(["build", "tvm", "--target", "llvm", "--profile", "ci",
+                                 "-k", "basic/", "-k", "f16/", "--out", str(tmp_path)])
+    assert build_command.handle_build(args) == 0
+    claims = tvm_backends.TvmCpu.capabilities
+    cases = select_cases(RunSettings(profile="ci").spec(), "ci")
+    wanted = [c for c in cases if "basic/" in c.id and "f16/" in c.id
+              and claims.unsupported_reason(c) is None]
+    every = {k for c in cases if claims.unsupported_reason(c) is None
+             for k in kernels.keys_for_case(c, "llvm")}
+    assert wanted and built["keys"] == {k for c in wanted
+                                        for k in kernels.keys_for_case(c, "llvm")}
+    assert built["keys"] < every
+
+
 def test_runtime_only_tvm_refuses_a_shape_its_build_lacks_and_takes_one_it_has(
         tmp_path, monkeypatch):
     from dataclasses import replace
