@@ -26,14 +26,16 @@ from conformance.backends.tensors import to_torch
 from conformance.backends.triton import runtime
 
 GRID = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3],
-        "waves": [1, 2, 4], "loop_stages": [None]}
+        "waves": [1, 2, 4], "loop_stages": [None], "head_major": [False]}
 # fp8_words: tiles read as fp8 (0), V (1) or K and V (2) as 32-bit words of four codes;
 # loop_stages: the tile loop's own tl.range(num_stages=), which pipelines every load in it
-# (None: only the loads that feed a tl.dot, by the launch's num_stages)
+# (None: only the loads that feed a tl.dot, by the launch's num_stages); head_major: the pages
+# stored (pages, kv_heads, page_size, dim), a page's rows of one head contiguous (an fp8 row
+# of 128 codes is 128 bytes apart from the next token's in the problem's layout)
 GRID_MLA = {"BLOCK_H": [16, 32, 64], "BLOCK_N": [16, 32], "num_warps": [4, 8],
             "num_stages": [2], "waves": [2]}
 GRID_FP8 = {"BLOCK_N": [128], "num_warps": [4], "num_stages": [2, 3, 4], "waves": [2, 4],
-            "fp8_words": [0, 1, 2], "loop_stages": [None]}
+            "fp8_words": [0, 1, 2], "loop_stages": [None], "head_major": [False]}
 
 
 def main() -> None:
@@ -95,8 +97,7 @@ def main() -> None:
                              kv_lora_rank=shape.kv_lora_rank)
             programs, picked = None, None
         else:
-            launch = partial(splitkv_decode, tensors["q"], tensors["k_pages"],
-                             tensors["v_pages"], scales=scales)
+            launch = partial(splitkv_decode, tensors["q"], scales=scales)
             programs = shape.num_kv_heads
         if args.splits:
             per_split = shape.batch * shape.num_kv_heads
@@ -113,8 +114,9 @@ def main() -> None:
                                                    mode.sm_count, config["BLOCK_N"],
                                                    config["waves"])))
         for config, splits in runs:
-            call = partial(launch, tensors["block_table"], tensors["context_lens"], out_t,
-                           lse_t, sm_scale=problem.sm_scale, num_splits=splits,
+            pages = () if args.mla else paged(tensors, config.get("head_major", False))
+            call = partial(launch, *pages, tensors["block_table"], tensors["context_lens"],
+                           out_t, lse_t, sm_scale=problem.sm_scale, num_splits=splits,
                            validate=False, config=config)
 
             try:
@@ -137,6 +139,18 @@ def main() -> None:
         print(f"{shape.name:16} best {best}", flush=True)
         del tensors, out_t, lse_t
         torch.cuda.empty_cache()
+
+
+def paged(tensors: dict, head_major: bool) -> tuple:
+    """K and V pages as the kernel reads them: the problem's, or (``head_major``) copies stored
+    ``(pages, kv_heads, page_size, dim)`` seen through the problem's shape, made once."""
+    if not head_major:
+        return tensors["k_pages"], tensors["v_pages"]
+    if "k_head_major" not in tensors:
+        for name in ("k", "v"):
+            tensors[f"{name}_head_major"] = (
+                tensors[f"{name}_pages"].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3))
+    return tensors["k_head_major"], tensors["v_head_major"]
 
 
 if __name__ == "__main__":

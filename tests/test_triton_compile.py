@@ -57,20 +57,32 @@ flags = dict(KV_SCALE=kv_scale, Q_SCALED=q8 != "none")
 # fp8 tiles as words of four codes where the adapter's launch reads them so (fp8_words)
 words = config["fp8_words"] if dtype == "float16" and kv_scale == 1 else 0
 modifiers = dict(HAS_CAP=mods, HAS_ALIBI=mods)
-build(splitkv_kernel._splitkv_partial_kernel,
-      {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
-       "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "k_scale": "*fp32",
-       "v_scale": "*fp32", "q_scale": "*fp32", "alibi_slopes": "*fp32",
-       "query_start": "*i32", "draft_mask": "*u8"},
-      {"scale_log2": "fp32", "cap_log2": "fp32", "window": "i32", "sinks": "i32",
-       "stride_table": "i32", "num_splits": "i32", "scale_stride": "i32", "mask_stride": "i32"},
-      dict(NUM_KV_HEADS=2, GROUP=group, GROUP_P2=triton.next_power_of_2(group), ROWS=rows,
-           QUERY_TOKENS=query_tokens, HAS_DRAFT_MASK=draft_mask,
-           HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_SIZE=16, BLOCK_N=config["BLOCK_N"],
-           HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
-           DOT_DTYPE=DOT[dtype], FP8_WORDS=words, E5M2=kv == "float8_e5m2", **flags,
-           **modifiers),
-      num_stages=config["num_stages"])
+
+
+def build_splitkv(config, words):
+    build(splitkv_kernel._splitkv_partial_kernel,
+          {"q": q, "k_pages": k, "v_pages": k, "block_table": "*i32", "context_lens": "*i32",
+           "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "k_scale": "*fp32",
+           "v_scale": "*fp32", "q_scale": "*fp32", "alibi_slopes": "*fp32",
+           "query_start": "*i32", "draft_mask": "*u8"},
+          {"scale_log2": "fp32", "cap_log2": "fp32", "window": "i32", "sinks": "i32",
+           "stride_table": "i32", "num_splits": "i32", "scale_stride": "i32",
+           "mask_stride": "i32"},
+          dict(NUM_KV_HEADS=2, GROUP=group, GROUP_P2=triton.next_power_of_2(group), ROWS=rows,
+               QUERY_TOKENS=query_tokens, HAS_DRAFT_MASK=draft_mask,
+               HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE_SIZE=16, BLOCK_N=config["BLOCK_N"],
+               HAS_WINDOW=window, DOT_PRECISION="ieee" if dtype == "float32" else "tf32",
+               DOT_DTYPE=DOT[dtype], FP8_WORDS=words, E5M2=kv == "float8_e5m2", **flags,
+               **modifiers, LOOP_STAGES=config["loop_stages"],
+               HEAD_MAJOR=config["head_major"]),
+          num_stages=config["num_stages"], num_warps=config["num_warps"])
+
+
+build_splitkv(config, words)
+if words:  # what benchmarks/sweep_splitkv.py may launch besides: K and V as words, every
+    # load in the loop pipelined, head-major pages
+    build_splitkv({**config, "loop_stages": 3, "head_major": True, "num_warps": 2},
+                  splitkv_kernel.WORDS_KV)
 build(splitkv_kernel._combine_kernel,
       {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "out": t, "lse": "*fp32",
        "sink_logits": "*fp32"},

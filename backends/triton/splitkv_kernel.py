@@ -62,7 +62,7 @@ def _splitkv_partial_kernel(
     BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_SCALE: tl.constexpr, Q_SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     HAS_CAP: tl.constexpr, HAS_ALIBI: tl.constexpr, FP8_WORDS: tl.constexpr,
-    E5M2: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    E5M2: tl.constexpr, LOOP_STAGES: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -105,11 +105,14 @@ def _splitkv_partial_kernel(
     for tile in tl.range(start, end, BLOCK_N, num_stages=LOOP_STAGES):
         position, valid, slot = tile_slots(table_row, tile, end, sinks_kept, window_start,
                                            PAGE_SIZE, BLOCK_N)
-        token = slot * NUM_KV_HEADS + kv_head
-        kv_offsets = token[:, None] * HEAD_DIM + d[None, :]
+        token = slot * NUM_KV_HEADS + kv_head  # the scales' row, and the pages' (NHD)
+        row = token
+        if HEAD_MAJOR:  # (pages, kv_heads, page_size, dim) storage: a page's head contiguous
+            row = ((slot // PAGE_SIZE) * NUM_KV_HEADS + kv_head) * PAGE_SIZE + slot % PAGE_SIZE
+        kv_offsets = row[:, None] * HEAD_DIM + d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
         if FP8_WORDS >= 2:
-            keys = read_words(k_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
+            keys = read_words(k_pages, row, valid, HEAD_DIM, BLOCK_N, E5M2)
         else:
             keys = read_kv(k_pages + kv_offsets, kv_mask, k_scale + token, valid, KV_SCALE,
                            DOT_DTYPE)
@@ -124,7 +127,7 @@ def _splitkv_partial_kernel(
         scores = tl.where(seen, scores, float("-inf"))
         m, total, alpha, p = online_softmax_step(m, total, scores)
         if FP8_WORDS >= 1:
-            values = read_words(v_pages, token, valid, HEAD_DIM, BLOCK_N, E5M2)
+            values = read_words(v_pages, row, valid, HEAD_DIM, BLOCK_N, E5M2)
         else:
             values = read_kv(v_pages + kv_offsets, kv_mask, v_scale + token, valid, KV_SCALE,
                              DOT_DTYPE)
@@ -162,13 +165,13 @@ def row_sees(position, query_position, query_row, first_draft, row_mask, valid, 
 
 
 @triton.jit
-def read_words(pages, token, valid, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+def read_words(pages, row, valid, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                E5M2: tl.constexpr):
     """A ``(tokens, HEAD_DIM)`` float16 tile of fp8 codes, loaded as 32-bit words of four
     codes and converted in registers (``cvt.rn.f16x2``: exact), so that the float16 tile,
     not the codes, goes through shared memory into the ``tl.dot`` operand."""
     w = tl.arange(0, HEAD_DIM // 4)
-    words = tl.load(pages.to(tl.pointer_type(tl.int32)) + token[:, None] * (HEAD_DIM // 4)
+    words = tl.load(pages.to(tl.pointer_type(tl.int32)) + row[:, None] * (HEAD_DIM // 4)
                     + w[None, :], mask=valid[:, None], other=0)
     if E5M2:
         a, b, c, d = tl.inline_asm_elementwise(
@@ -286,10 +289,16 @@ def tile_config(head_dim: int, fp8: bool = False, rows: int = 16, batch: int = 1
     flight was faster at all seven gpu shapes (3-10%;
     benchmarks/results/h200-splitkv-sweep-fp8.json), wider tiles were not; and with a batch
     of 8 or more, four waves of programs instead of two (23% at 8 x 8192, 8% at 64 x 2048),
-    which cost 11-17% at batch 1 (h200-fp8/sweep-fp8-bit-moves-2026-12-03.json)."""
+    which cost 11-17% at batch 1 (h200-fp8/sweep-fp8-bit-moves-2026-12-03.json).
+
+    Two keys only the sweep changes: ``loop_stages`` (the tile loop's own
+    ``tl.range(num_stages=)``, which pipelines every load in it, not only those feeding a
+    ``tl.dot``) and ``head_major`` (pages stored ``(pages, kv_heads, page_size, dim)`` and given
+    as a view of the problem's shape; validation refuses such a view: pass ``validate=False``)."""
     block_n = 128 if head_dim <= 128 and rows <= 64 else 64
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3 if fp8 else 2,
-            "waves": 4 if fp8 and batch >= 8 else 2, "fp8_words": WORDS_V, "loop_stages": None}
+            "waves": 4 if fp8 and batch >= 8 else 2, "fp8_words": WORDS_V, "loop_stages": None,
+            "head_major": False}
 
 
 def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
@@ -360,6 +369,6 @@ def splitkv_decode(q, k_pages, v_pages, block_table, context_lens, out, lse, *,
         HAS_ALIBI=modifiers.alibi_slopes is not None,
         FP8_WORDS=fp8_words(scales, out, head_dim, config["fp8_words"]),
         E5M2=str(k_pages.dtype) == "torch.float8_e5m2", LOOP_STAGES=config["loop_stages"],
-        num_warps=config["num_warps"],
+        HEAD_MAJOR=config["head_major"], num_warps=config["num_warps"],
         num_stages=config["num_stages"])
     combine_splits(part_m, part_l, part_acc, out, lse, modifiers.sink_logits)
