@@ -114,6 +114,9 @@ def test_build_k_builds_the_kernels_of_the_cases_it_selects_and_no_others(tmp_pa
     assert wanted and built["keys"] == {k for c in wanted
                                         for k in kernels.keys_for_case(c, "llvm")}
     assert built["keys"] < every
+    both = _parser().parse_args(["build", "tvm", "--explore", "2", "-k", "basic/", "--out",
+                                 str(tmp_path)])
+    assert build_command.handle_build(both) == 2
 
 
 def test_runtime_only_tvm_refuses_a_shape_its_build_lacks_and_takes_one_it_has(

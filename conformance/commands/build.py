@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from conformance.backends.registry import resolve
@@ -16,6 +17,10 @@ def handle_build(args: argparse.Namespace) -> int:
     """``python -m conformance build tvm``: every kernel a profile (and bench set) needs."""
     backend = resolve("tvm-cuda" if args.target == "cuda" else "tvm-cpu")
     if args.explore:
+        if args.patterns:
+            print("error: -k narrows a profile's cases; --explore draws its own shapes",
+                  file=sys.stderr)
+            return 2
         from conformance.strategies import GPU_COST_CAP, draw_instances
 
         cases = draw_instances(backend.capabilities, args.explore, args.seed, GPU_COST_CAP)
