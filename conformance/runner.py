@@ -118,9 +118,9 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
     """Every family for every case on every backend; a backend fault never stops the run.
 
     With ``jobs > 1`` cases go to worker processes (``conformance.parallel``; ``pool``: ones
-    started already, by ``start_pool``); results are reported in the same order as a serial
-    run. ``progress(done, total, label, failing)`` hears of each finished case, with the
-    unexpected failures so far.
+    started already, by ``start_pool``), each backend's largest (``Case.problem_bytes``) first;
+    results are reported in the same order as a serial run. ``progress(done, total, label,
+    failing)`` hears of each finished case, with the unexpected failures so far.
     """
     report = RunReport(settings, backends, cases)
     tasks = [(backend, case) for backend in backends for case in cases]
@@ -141,11 +141,13 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
 
     try:
         if pool is not None or (jobs > 1 and len(tasks) > 1):
-            from conformance.parallel import run_pool
+            from conformance.parallel import longest_first, run_pool
 
             detached = {b.label: b.detached() for b in backends}
             run_pool([(detached[b.label], c, settings) for b, c in tasks], _evaluate_in_worker,
-                     jobs, done, crashed, pool)
+                     jobs, done, crashed, pool,
+                     longest_first([case.problem_bytes for _, case in tasks],
+                                   [b for b in range(len(backends)) for _ in cases]))
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))
