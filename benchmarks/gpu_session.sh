@@ -40,6 +40,8 @@
 #        FULL_TIMEOUT; 0: not run), -j JOBS; BASELINE=DIR (an older checkout): its ci and this
 #        tree on that spec, warm, alternating, ROUNDS times, first; HALF_JOBS=0: no half-jobs run;
 #        whether Python keeps the libraries' bytecode there (python-bytecode.txt)
+#   bash benchmarks/gpu_session.sh speed-full          # issue 22: SPEED_BACKEND's full, -j JOBS,
+#        ROUNDS times (FULL_TIMEOUT each), then PROFILE_CASES (ids) alone, profiled
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -343,6 +345,25 @@ print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix',
       sys.pycache_prefix, 'libraries_bytecode_kept', kept())" > "$OUT/python-bytecode.txt" 2>&1
     [[ ${FULL_TIMEOUT:-330} != 0 ]] && \
       timed "full-$backend-warm" "${FULL_TIMEOUT:-330}" --backend "$backend" --profile full
+    ;;
+  speed-full)
+    # issue 22: SPEED_BACKEND's full profile, -j JOBS, ROUNDS times (the first cold on a fresh
+    # machine), each cut at FULL_TIMEOUT; then each case of PROFILE_CASES (ids) alone, profiled
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    jobs=${JOBS:-16}
+    for round in $(seq "${ROUNDS:-1}"); do
+      timed "full-$backend-$round" "${FULL_TIMEOUT:-420}" --backend "$backend" --profile full \
+        --durations 20
+    done
+    for id in ${PROFILE_CASES:-}; do
+      name=$(echo "$id" | tr -c 'A-Za-z0-9.-' _ | cut -c1-80)
+      jobs=1 CONFORMANCE_PROFILE=$OUT/profile-$name timed "profiled-$name" \
+        "${PROFILE_TIMEOUT:-200}" --backend "$backend" --profile full --case "$id"
+      python3 benchmarks/profile_report.py "$OUT/profile-$name" --top 30 \
+        > "$OUT/profile-report-$name.txt" 2>&1
+      tar -czf "$OUT/profile-$name.tar.gz" -C "$OUT" "profile-$name" && rm -rf "$OUT/profile-$name"
+      head -60 "$OUT/profile-report-$name.txt"
+    done
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
