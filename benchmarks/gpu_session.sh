@@ -42,6 +42,8 @@
 #        whether Python keeps the libraries' bytecode there (python-bytecode.txt)
 #   bash benchmarks/gpu_session.sh speed-full          # issue 22: SPEED_BACKEND's full, -j JOBS,
 #        ROUNDS times (FULL_TIMEOUT each), then PROFILE_CASES (ids) alone, profiled
+#   bash benchmarks/gpu_session.sh speed-threads       # issue 22: THREAD_FILTER's full cases with
+#        the libraries' default threads and one a process, alternating; PROFILE_CASES alone
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -363,6 +365,28 @@ print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix',
         > "$OUT/profile-report-$name.txt" 2>&1
       tar -czf "$OUT/profile-$name.tar.gz" -C "$OUT" "profile-$name" && rm -rf "$OUT/profile-$name"
       head -60 "$OUT/profile-report-$name.txt"
+    done
+    ;;
+  speed-threads)
+    # issue 22: whether the libraries' own threads (OpenBLAS, OpenMP: a core each by default,
+    # in every one of a -j run's processes) slow a parallel run: the full cases matching
+    # THREAD_FILTER, -j JOBS, by default and with one thread a process, alternating ROUNDS
+    # times (the first fills the compile caches), then each of PROFILE_CASES alone, both ways
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    jobs=${JOBS:-16}
+    one=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
+    timed "full-$backend-fill" 300 --backend "$backend" --profile full -k "$THREAD_FILTER"
+    for round in $(seq "${ROUNDS:-2}"); do
+      timed "full-$backend-default-$round" 300 --backend "$backend" --profile full \
+        -k "$THREAD_FILTER"
+      env "${one[@]}" bash -c "$(declare -f timed); OUT=$OUT jobs=$jobs timed \
+        full-$backend-one-thread-$round 300 --backend $backend --profile full -k '$THREAD_FILTER'"
+    done
+    for id in ${PROFILE_CASES:-}; do
+      name=$(echo "$id" | tr -c 'A-Za-z0-9.-' _ | cut -c1-60)
+      jobs=1 timed "alone-default-$name" 200 --backend "$backend" --profile full --case "$id"
+      env "${one[@]}" bash -c "$(declare -f timed); OUT=$OUT jobs=1 timed \
+        alone-one-thread-$name 200 --backend $backend --profile full --case '$id'"
     done
     ;;
   speed-profile)

@@ -1,9 +1,15 @@
-"""A parallel run starts its largest cases first, and still reports in the spec's order."""
+"""How a parallel run shares the machine: its largest cases first (reported in the spec's
+order all the same), each job's libraries a share of the cores."""
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pytest
+
 from conformance import parallel
-from conformance.parallel import Pool, longest_first
+from conformance.parallel import THREAD_VARIABLES, Pool, longest_first, thread_environment
 from conformance.runner import run
 from conformance.selection import select_cases
 from conformance.session import RunSettings, open_backend
@@ -13,6 +19,15 @@ from conformance.verdict import CaseRecord
 
 def echo(item: str) -> str:
     return item
+
+
+def environment_at_start(name: str) -> str | None:
+    """``name`` as this process's environment held it when it started: what a library
+    loaded while a spawned worker unpickles its arguments saw."""
+    with open("/proc/self/environ", "rb") as environ:
+        found = dict(entry.split(b"=", 1) for entry in environ.read().split(b"\0") if b"=" in entry)
+    value = found.get(name.encode())
+    return value.decode() if value is not None else None
 
 
 def test_the_pool_sends_items_in_the_order_asked_and_reports_their_own_indices():
@@ -55,3 +70,27 @@ def test_a_parallel_run_hands_out_each_backends_largest_case_first_in_spec_order
     assert sent[0] == largest and sent[count] == count + largest
     assert sorted(sent[:count]) == list(range(count))
     assert list(report.durations) == [(b.label, case.id) for b in backends for case in cases]
+
+
+def test_each_job_gets_a_share_of_the_cores_unless_the_user_chose():
+    assert thread_environment(1) == {n: str(parallel.CPUS) for n in THREAD_VARIABLES
+                                     if n not in os.environ}
+    assert set(thread_environment(10 ** 6).values()) <= {"1"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/environ")
+def test_a_pool_worker_starts_with_its_thread_share_and_the_harness_keeps_its_own(
+        monkeypatch):
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the user's choice stands
+    jobs = 2 * parallel.CPUS  # a share of less than a core: one thread each
+    heard: list[tuple[int, str | None]] = []
+    pool = Pool(environment_at_start, jobs)
+    try:
+        pool.run(list(THREAD_VARIABLES), lambda i, value: heard.append((i, value)),
+                 lambda i, code: None)
+    finally:
+        pool.close()
+    assert dict(heard) == {0: "1", 1: "1", 2: "3", 3: "1"}
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
