@@ -13,35 +13,42 @@ VIEWED = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uin
 
 def to_torch(array: np.ndarray, device: str = "cpu"):
     """A torch tensor with the same values on ``device`` (a copy; the array is not touched)."""
-    import torch
-
-    array = np.ascontiguousarray(array)
-    if array.dtype.name in VIEWED:
-        return torch.from_numpy(array.view(VIEWED[array.dtype.name]).copy()).view(
-            getattr(torch, array.dtype.name)).to(device)
-    return torch.from_numpy(array.copy()).to(device)
+    return to_torch_many({"array": array}, device)["array"]
 
 
 STAGED_ALIGN = 256  # bytes: where each array of a staged upload starts
+DIRECT_BYTES = 1 << 26  # arrays from this size go to a device on their own, unstaged
 
 
 def to_torch_many(arrays: dict[str, np.ndarray], device: str = "cpu") -> dict:
     """``to_torch`` for several arrays in one host-to-device copy: views, each starting on
     ``STAGED_ALIGN``, of one allocation. On the H200 with 16 workers sharing the GPU, a copy
-    per array cost 1.7 ms each, the largest share of a warm ``ci`` run (docs/gpu-results.md)."""
+    per array cost 1.7 ms each, the largest share of a warm ``ci`` run (docs/gpu-results.md).
+
+    An array of ``DIRECT_BYTES`` or more bound for a device goes there on its own: staging
+    a pool of gigabytes cost a fresh allocation and a host copy of it on every call (the
+    ``large-offset`` case's 8.6 GB, about 20 calls), against a millisecond saved."""
     import torch
 
+    direct = {name for name, array in arrays.items() if torch.device(device).type != "cpu"
+              and array.nbytes >= DIRECT_BYTES and array.flags.writeable}
     offsets, size = {}, 0
     for name, array in arrays.items():
-        offsets[name] = size = -(-size // STAGED_ALIGN) * STAGED_ALIGN
-        size += array.nbytes
+        if name not in direct:
+            offsets[name] = size = -(-size // STAGED_ALIGN) * STAGED_ALIGN
+            size += array.nbytes
     staged = np.empty(size, dtype=np.uint8)
     for name, array in arrays.items():
-        staged[offsets[name]:offsets[name] + array.nbytes] = \
-            np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if name not in direct:
+            staged[offsets[name]:offsets[name] + array.nbytes] = _flat_bytes(array)
     moved = torch.from_numpy(staged).to(device)
-    return {name: moved[offsets[name]:offsets[name] + array.nbytes].view(_torch_dtype(array))
-            .view(array.shape) for name, array in arrays.items()}
+    return {name: (torch.from_numpy(_flat_bytes(array)).to(device) if name in direct
+                   else moved[offsets[name]:offsets[name] + array.nbytes])
+            .view(_torch_dtype(array)).view(array.shape) for name, array in arrays.items()}
+
+
+def _flat_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _torch_dtype(array: np.ndarray):

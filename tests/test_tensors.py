@@ -8,7 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the conversion's other side")
 
-from conformance.backends.tensors import to_numpy, to_torch, to_torch_many  # noqa: E402
+from conformance.backends.tensors import (  # noqa: E402
+    DIRECT_BYTES,
+    to_numpy,
+    to_torch,
+    to_torch_many,
+)
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
           ml_dtypes.float8_e5m2, np.int32]
@@ -61,6 +66,26 @@ def test_several_arrays_go_in_one_copy_each_its_own_view_bit_for_bit():
         tensor.fill_(0)  # a write to one view reaches neither its neighbours nor the array
         np.testing.assert_array_equal(_bytes(array), _bytes(kept[name]))
     assert all(float(t.float().abs().sum()) == 0 for t in tensors.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the unstaged path is for a device "
+                    "other than the CPU; none is visible")
+def test_a_pool_past_the_staging_limit_goes_to_the_gpu_on_its_own_bit_for_bit():
+    rng = np.random.default_rng(2)
+    pool = rng.integers(0, 1 << 16, DIRECT_BYTES // 2 + 3, dtype=np.uint16).view(
+        ml_dtypes.bfloat16).reshape(-1, 1)  # past the limit by six bytes
+    arrays = {"pool": pool, "table": np.arange(7, dtype=np.int32),
+              "query": rng.standard_normal((2, 3)).astype(np.float16)}
+    kept = {name: array.copy() for name, array in arrays.items()}
+    tensors = to_torch_many(arrays, "cuda")
+    for name, array in arrays.items():
+        tensor = tensors[name]
+        assert tensor.device.type == "cuda" and tuple(tensor.shape) == array.shape, name
+        assert str(tensor.dtype) == f"torch.{array.dtype.name}", name
+        np.testing.assert_array_equal(_bytes(to_numpy(tensor, array)), _bytes(array),
+                                      err_msg=name)
+        tensor.fill_(0)
+        np.testing.assert_array_equal(_bytes(array), _bytes(kept[name]))
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
