@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from conformance.bulk import tile_into
 from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements made
 from conformance.dtypes import dtype_name, quantize
 from conformance.variants import Quantization
@@ -62,10 +63,8 @@ def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_
     if pages == shape[0]:
         return k_block, v_block
     k_pages, v_pages = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
-    for start in range(0, shape[0], pages):
-        rows = min(pages, shape[0] - start)
-        k_pages[start:start + rows] = k_block[:rows]
-        v_pages[start:start + rows] = v_block[:rows]
+    tile_into(k_pages, k_block)
+    tile_into(v_pages, v_block)
     return k_pages, v_pages
 
 

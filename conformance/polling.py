@@ -38,14 +38,19 @@ def poll_readable(sock: socket.socket, seconds: float) -> bool:
 
 
 def spare_cpu() -> bool:
-    """Whether the machine runs no more tasks than this process may use CPUs (Linux's
-    ``/proc/loadavg`` counts the runnable ones, this process included)."""
+    """Whether the machine runs no more tasks than this process may use CPUs."""
+    running = runnable_tasks()
+    return running is not None and running <= CPUS
+
+
+def runnable_tasks() -> int | None:
+    """The tasks the machine runs or could run now, this one included (Linux's
+    ``/proc/loadavg``); None where it cannot say."""
     try:
         with open("/proc/loadavg", "rb") as stream:
-            runnable = int(stream.read().split()[3].split(b"/")[0])
+            return int(stream.read().split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
-        return False
-    return runnable <= CPUS
+        return None
 
 
 def readable(sock: socket.socket) -> bool:

@@ -22,16 +22,12 @@ from typing import Any
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
+from conformance.bulk import same_bytes
 from conformance.declared import Declared
 from conformance.interrupts import interrupted, noting_interrupts
 from conformance.problem import Problem
 from conformance.replies import REPLIES, check_merged, merged_arrays
-from conformance.wire import (
-    PeerGoneError,
-    Segment,
-    WireError,
-    same_bytes,
-)
+from conformance.wire import PeerGoneError, Segment, WireError
 from conformance.worker import (
     CALLS,
     BackendError,
