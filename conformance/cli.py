@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from conformance import blas_threads  # noqa: F401  (first: before NumPy loads)
 from conformance.backends.registry import UnknownBackendError
 from conformance.caches import use_cache_dir
 from conformance.checks import CHECK_FAMILIES

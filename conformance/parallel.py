@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from conformance.blas_threads import one_blas_thread
 from conformance.polling import CPUS, POLL_VARIABLE
 from conformance.profiling import profiled
 
@@ -66,20 +67,21 @@ def polling_environment(jobs: int) -> dict[str, str]:
     return {POLL_VARIABLE: "0"} if 2 * jobs > CPUS else {}
 
 
-# the libraries' own thread pools: OpenMP (torch's CPU ops), numpy's OpenBLAS, MKL, TVM's
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                    "TVM_NUM_THREADS")
+# the thread pools of the backend's libraries: OpenMP (torch's CPU ops), TVM's runtime
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "TVM_NUM_THREADS")
 
 
 def thread_environment(jobs: int) -> dict[str, str]:
-    """A job's share of the cores for each library's thread pool, where the user set none.
+    """A job's share of the cores for each library's thread pool, and NumPy's BLAS on one
+    thread (``conformance.blas_threads``), where the user set none.
 
     Each library sizes its pool to the whole machine, in every process: 16 jobs on 16 cores
     ran 32 processes of 16 OpenBLAS and OpenMP threads each, and the `full` served-model
     cases of Qwen took 21 s at -j 16 on an H100 machine against 7.5 s with one thread a
     process (docs/isolation.md)."""
     share = str(max(1, CPUS // max(1, jobs)))
-    return {name: share for name in THREAD_VARIABLES if name not in os.environ}
+    return {**{name: share for name in THREAD_VARIABLES if name not in os.environ},
+            **one_blas_thread()}
 
 
 @contextlib.contextmanager

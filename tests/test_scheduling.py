@@ -4,11 +4,13 @@ order all the same), each job's libraries a share of the cores."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
 
 from conformance import parallel
+from conformance.blas_threads import BLAS_VARIABLES
 from conformance.parallel import THREAD_VARIABLES, Pool, longest_first, thread_environment
 from conformance.runner import run
 from conformance.selection import select_cases
@@ -72,25 +74,48 @@ def test_a_parallel_run_hands_out_each_backends_largest_case_first_in_spec_order
     assert list(report.durations) == [(b.label, case.id) for b in backends for case in cases]
 
 
-def test_each_job_gets_a_share_of_the_cores_unless_the_user_chose():
-    assert thread_environment(1) == {n: str(parallel.CPUS) for n in THREAD_VARIABLES
-                                     if n not in os.environ}
-    assert set(thread_environment(10 ** 6).values()) <= {"1"}
+def test_each_job_gets_a_share_of_the_cores_and_one_blas_thread_unless_the_user_chose(
+        monkeypatch):
+    for name in (*THREAD_VARIABLES, *BLAS_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    assert thread_environment(1) == {"OMP_NUM_THREADS": str(parallel.CPUS),
+                                     "TVM_NUM_THREADS": str(parallel.CPUS),
+                                     "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert set(thread_environment(10 ** 6).values()) == {"1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert "OMP_NUM_THREADS" not in thread_environment(1)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/environ")
 def test_a_pool_worker_starts_with_its_thread_share_and_the_harness_keeps_its_own(
         monkeypatch):
-    for name in THREAD_VARIABLES:
+    names = (*THREAD_VARIABLES, *BLAS_VARIABLES)
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the user's choice stands
     jobs = 2 * parallel.CPUS  # a share of less than a core: one thread each
     heard: list[tuple[int, str | None]] = []
     pool = Pool(environment_at_start, jobs)
     try:
-        pool.run(list(THREAD_VARIABLES), lambda i, value: heard.append((i, value)),
-                 lambda i, code: None)
+        pool.run(list(names), lambda i, value: heard.append((i, value)), lambda i, code: None)
     finally:
         pool.close()
-    assert dict(heard) == {0: "1", 1: "1", 2: "3", 3: "1"}
+    assert {names[i]: value for i, value in heard} == {
+        "OMP_NUM_THREADS": "1", "TVM_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "3"}
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
+
+
+def test_the_cli_sets_one_blas_thread_before_numpy_loads():
+    watch = ("import os, sys\n"
+             "class Watch:\n"
+             "    def find_spec(self, name, path, target=None):\n"
+             "        if name == 'numpy':\n"
+             "            print('numpy loads with', os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+             "            sys.meta_path.remove(self)\n"
+             "sys.meta_path.insert(0, Watch())\n"
+             "import conformance.cli\n")
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARIABLES}
+    done = subprocess.run([sys.executable, "-c", watch], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip() == "numpy loads with 1", done.stdout + done.stderr
