@@ -37,9 +37,11 @@ def unread_pages(masked: str, rng: np.random.Generator, shape: tuple[int, ...], 
 
 def _nan_pages(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Pages of NaN; an e5m2 cache's keys hold +inf instead (the format has one, e4m3fn not)."""
-    k_pages = np.full(shape, np.inf if dtype_name(dtype) == "float8_e5m2" else np.nan,
-                      dtype=dtype)
-    return k_pages, np.full(shape, np.nan, dtype=dtype)
+    def filled(value: float) -> np.ndarray:
+        pages = np.empty(shape, dtype=dtype)
+        tile_into(pages, np.full((1, *shape[1:]), value, dtype=dtype))
+        return pages
+    return filled(np.inf if dtype_name(dtype) == "float8_e5m2" else np.nan), filled(np.nan)
 
 
 def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_scale: float,
