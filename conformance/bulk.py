@@ -35,7 +35,7 @@ def threads_for(nbytes: int) -> int:
 
 def copy_into(target: np.ndarray, source: np.ndarray) -> None:
     """``target[...] = source`` (the same shape and dtype)."""
-    if not (_flat(target) and _flat(source)) or threads_for(source.nbytes) == 1:
+    if not (_flat(target) and _flat(source)):
         target[...] = source
         return
     t, s = _bytes(target), _bytes(source)
@@ -60,9 +60,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     found = []
 
     def part(start: int, end: int) -> None:
-        end = min(end, words)
-        found.append(start >= end or np.array_equal(x[start:end].view(np.uint64),
-                                                    y[start:end].view(np.uint64)))
+        found.append(np.array_equal(x[start:end].view(np.uint64), y[start:end].view(np.uint64)))
     _shared(words, part)
     return all(found) and np.array_equal(x[words:], y[words:])
 
@@ -70,12 +68,10 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 def tile_into(target: np.ndarray, block: np.ndarray) -> None:
     """``target`` filled along its first axis with ``block`` over and over (the last copy
     cut short), ``block`` of ``target``'s shape but for fewer rows."""
-    rows = block.shape[0]
-    if not _flat(target) or threads_for(target.nbytes) == 1:
-        for start in range(0, target.shape[0], rows):
-            target[start:start + rows] = block[:target.shape[0] - start]
+    if not _flat(target):
+        for start in range(0, target.shape[0], block.shape[0]):
+            target[start:start + block.shape[0]] = block[:target.shape[0] - start]
         return
-    row_bytes = target.nbytes // max(1, target.shape[0])
     t, pattern = _bytes(target), _bytes(np.ascontiguousarray(block))
 
     def part(start: int, end: int) -> None:
@@ -84,7 +80,7 @@ def tile_into(target: np.ndarray, block: np.ndarray) -> None:
             stop = min(end, start + pattern.size - offset)
             t[start:stop] = pattern[offset:offset + stop - start]
             start = stop
-    _shared(target.shape[0] * row_bytes, part)
+    _shared(target.nbytes, part)
 
 
 def _shared(nbytes: int, part: Callable[[int, int], None]) -> None:
