@@ -140,7 +140,8 @@ def receive_frame(sock: socket.socket, deadline: float | None, exited: Callable[
 
 
 ARENA_MIN_BYTES = 1 << 20
-ARENA_SHRINK_BYTES = 1 << 26  # an arena past this is replaced when a message needs an eighth
+ARENA_SHRINK_BYTES = 1 << 26  # an arena past this is given back when messages need an eighth
+ARENA_SHRINK_AFTER = 16  # ... this many of them in a row
 
 
 class Arena:
@@ -160,9 +161,22 @@ class Arena:
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
         self.generation = 0  # the placement whose views are valid
+        self.underused = 0  # messages in a row that needed less than an eighth of a large arena
 
-    def fits(self, size: int) -> bool:
-        return size <= self.size and not (self.size > ARENA_SHRINK_BYTES and size * 8 < self.size)
+    def takes(self, size: int) -> bool:
+        """Whether the next message, of ``size`` bytes, goes here.
+
+        A large arena is given back only after ``ARENA_SHRINK_AFTER`` small messages in a
+        row: a case's small calls between its large ones (merges, notes) replaced it at once
+        and the next large call paid the fresh arena's page faults again, 3 s per GB on a
+        2-core machine, a few times in every ``large-offset`` case."""
+        if size > self.size:
+            return False
+        if self.size > ARENA_SHRINK_BYTES and size * 8 < self.size:
+            self.underused += 1
+            return self.underused < ARENA_SHRINK_AFTER
+        self.underused = 0
+        return True
 
     def close_fd(self) -> None:
         """Once the worker holds the arena, the harness needs only its mapping."""
@@ -245,7 +259,7 @@ def pack_message(message: Any, arena: Arena | None = None, slot: int = 0
     pickler.dump(message)
     layout = _layout(pickler.arrays)
     slot = arena.slot if arena is not None else slot
-    if pickler.arrays and (arena is None or not arena.fits(_extent(layout))):
+    if pickler.arrays and (arena is None or not arena.takes(_extent(layout))):
         arena = Arena(_extent(layout), slot)
     segment = Segment(pickler.arrays, arena if pickler.arrays else None)
     header = pickle.dumps((slot, segment.layout), protocol=pickle.HIGHEST_PROTOCOL)
