@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from conformance.bulk import tile_into
+from conformance.bulk import empty_pool, tile_into
 from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements made
 from conformance.dtypes import dtype_name, quantize
 from conformance.variants import Quantization
@@ -38,7 +38,7 @@ def unread_pages(masked: str, rng: np.random.Generator, shape: tuple[int, ...], 
 def _nan_pages(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Pages of NaN; an e5m2 cache's keys hold +inf instead (the format has one, e4m3fn not)."""
     def filled(value: float) -> np.ndarray:
-        pages = np.empty(shape, dtype=dtype)
+        pages = empty_pool(shape, dtype)
         tile_into(pages, np.full((1, *shape[1:]), value, dtype=dtype))
         return pages
     return filled(np.inf if dtype_name(dtype) == "float8_e5m2" else np.nan), filled(np.nan)
@@ -64,7 +64,7 @@ def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_
         v_block = quantize(v_block, quant.v_fill[:, None], quant.dtype)
     if pages == shape[0]:
         return k_block, v_block
-    k_pages, v_pages = np.empty(shape, dtype=dtype), np.empty(shape, dtype=dtype)
+    k_pages, v_pages = empty_pool(shape, dtype), empty_pool(shape, dtype)
     tile_into(k_pages, k_block)
     tile_into(v_pages, v_block)
     return k_pages, v_pages

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from conformance.bulk import recycling
 from conformance.checks import CHECK_FAMILIES, Trial
 from conformance.checks.outcomes import unsupported
 from conformance.manifest import apply
@@ -68,8 +69,9 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
     handle = backend.connect(settings.isolated)
     handle.begin_case(settings.case_timeout, case.id)
     trial = Trial(handle, case)
-    results = [result for family in settings.families
-               for result in evaluate(backend, case, family, settings, trial)]
+    with recycling():  # the case's pools share memory as they come and go
+        results = [result for family in settings.families
+                   for result in evaluate(backend, case, family, settings, trial)]
     return CaseRecord(results, handle.end_case(), handle.device(), handle.take_restarts(),
                       seconds=time.monotonic() - started)
 

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from conformance import bulk
-from conformance.bulk import copy_into, same_bytes, threads_for, tile_into
+from conformance.bulk import (
+    copy_into,
+    empty_pool,
+    recycling,
+    same_bytes,
+    threads_for,
+    tile_into,
+)
 
 
 @pytest.fixture(params=["one thread", "threads"])
@@ -61,3 +68,26 @@ def test_threads_only_for_large_arrays_on_a_machine_with_cpus_to_spare(monkeypat
     assert threads_for(bulk.BULK_BYTES) == 1
     monkeypatch.setattr(bulk, "runnable_tasks", lambda: None)
     assert threads_for(bulk.BULK_BYTES) == 1
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_a_pool_is_handed_out_again_only_once_nothing_references_it(monkeypatch):
+    monkeypatch.setattr(bulk, "BULK_BYTES", 0)
+    with recycling():
+        first = empty_pool((4, 8), np.float32)
+        where, view = _address(first), first[1:]
+        del first
+        second = empty_pool((4, 8), np.float32)
+        assert not np.shares_memory(second, view)  # the view still holds the first one
+        del view
+        third = empty_pool((2, 8), np.float64)  # as many bytes, another shape and dtype
+        assert _address(third) == where and third.shape == (2, 8) and third.dtype == np.float64
+        assert not np.shares_memory(third, second)
+        larger = empty_pool((5, 8), np.float32)
+        assert _address(larger) not in (where, _address(second))
+    outside = [empty_pool((4, 8), np.float32) for _ in range(2)]
+    del outside[0]
+    assert _address(empty_pool((4, 8), np.float32)) != _address(outside[0])
