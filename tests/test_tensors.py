@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is the conversion's other side")
 
+from conformance.backends import tensors  # noqa: E402
 from conformance.backends.tensors import (  # noqa: E402
     DIRECT_BYTES,
     to_numpy,
@@ -70,16 +71,19 @@ def test_several_arrays_go_in_one_copy_each_its_own_view_bit_for_bit():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the unstaged path is for a device "
                     "other than the CPU; none is visible")
-def test_a_pool_past_the_staging_limit_goes_to_the_gpu_on_its_own_bit_for_bit():
+@pytest.mark.parametrize("chunk", [tensors.CHUNK_BYTES, 1 << 20], ids=["one-chunk", "chunks"])
+def test_a_pool_past_the_staging_limit_goes_to_the_gpu_on_its_own_bit_for_bit(chunk, monkeypatch):
+    monkeypatch.setattr(tensors, "CHUNK_BYTES", chunk)  # 1 MiB: 65 chunks, the last of 6 bytes
     rng = np.random.default_rng(2)
     pool = rng.integers(0, 1 << 16, DIRECT_BYTES // 2 + 3, dtype=np.uint16).view(
         ml_dtypes.bfloat16).reshape(-1, 1)  # past the limit by six bytes
+    pool.setflags(write=False)  # read-only goes the same way
     arrays = {"pool": pool, "table": np.arange(7, dtype=np.int32),
               "query": rng.standard_normal((2, 3)).astype(np.float16)}
     kept = {name: array.copy() for name, array in arrays.items()}
-    tensors = to_torch_many(arrays, "cuda")
+    moved = to_torch_many(arrays, "cuda")
     for name, array in arrays.items():
-        tensor = tensors[name]
+        tensor = moved[name]
         assert tensor.device.type == "cuda" and tuple(tensor.shape) == array.shape, name
         assert str(tensor.dtype) == f"torch.{array.dtype.name}", name
         np.testing.assert_array_equal(_bytes(to_numpy(tensor, array)), _bytes(array),
