@@ -44,6 +44,11 @@
 #        ROUNDS times (FULL_TIMEOUT each), then PROFILE_CASES (ids) alone, profiled
 #   bash benchmarks/gpu_session.sh speed-threads       # issue 22: THREAD_FILTER's full cases with
 #        the libraries' default threads and one a process, alternating; PROFILE_CASES alone
+#   bash benchmarks/gpu_session.sh same-reports        # issue 22: SAME_FILTER's full cases on
+#        SPEED_BACKEND with -j JOBS, -j 1 and --in-process: the reports' results must agree
+#        (they once depended on the core count through OpenBLAS's threads)
+#   bash benchmarks/gpu_session.sh upload-rate         # issue 22: a pool of UPLOAD_GB to the GPU,
+#        pageable (.to) against the adapters' pinned chunks (backends/tensors.py), ROUNDS times
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -388,6 +393,40 @@ print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix',
       env "${one[@]}" bash -c "$(declare -f timed); OUT=$OUT jobs=1 timed \
         alone-one-thread-$name 200 --backend $backend --profile full --case '$id'"
     done
+    ;;
+  same-reports)
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    filter=${SAME_FILTER:-served-models/qwen2.5-7b}
+    jobs=${JOBS:-16}
+    timed "same-j$jobs" 300 --backend "$backend" --profile full -k "$filter"
+    jobs=1 timed "same-j1" 300 --backend "$backend" --profile full -k "$filter"
+    jobs=1 timed "same-in-process" 300 --backend "$backend" --profile full -k "$filter" --in-process
+    python3 - "$OUT" "same-j$jobs" same-j1 same-in-process <<'PY' | tee -a "$OUT/runs.txt"
+import gzip, json, sys
+folder, *names = sys.argv[1:]
+results = [json.load(gzip.open(f"{folder}/{name}.json.gz"))["results"] for name in names]
+for name, other in zip(names[1:], results[1:]):
+    differ = sum(a != b for a, b in zip(results[0], other)) + abs(len(results[0]) - len(other))
+    print(f"{names[0]} against {name}: {len(other)} results, {differ} differ")
+PY
+    ;;
+  upload-rate)
+    python3 - "${UPLOAD_GB:-4.3}" "${ROUNDS:-3}" <<'PY' | tee -a "$OUT/runs.txt"
+import sys, time
+import numpy as np, torch
+from conformance.backends.tensors import to_torch_many
+size, rounds = int(float(sys.argv[1]) * 1e9), int(sys.argv[2])
+pool = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+ways = {"pageable .to": lambda: torch.from_numpy(pool).to("cuda"),
+        "pinned chunks": lambda: to_torch_many({"pool": pool}, "cuda")["pool"]}
+for _ in range(rounds):
+    for name, upload in ways.items():
+        torch.cuda.synchronize(); start = time.perf_counter()
+        moved = upload(); torch.cuda.synchronize(); seconds = time.perf_counter() - start
+        same = bool((moved[::4099].cpu().numpy() == pool[::4099]).all())
+        print(f"{name}: {size / 1e9:.1f} GB in {seconds:.3f} s, {size / seconds / 1e9:.1f} GB/s, same {same}")
+        del moved
+PY
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
