@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from conformance.bulk import empty_pool, tile_into
+from conformance.bulk import tiled_pool
 from conformance.case import GARBAGE_CHUNK  # at most this many garbage elements made
 from conformance.dtypes import dtype_name, quantize
 from conformance.variants import Quantization
@@ -38,16 +38,8 @@ def unread_pages(masked: str, rng: np.random.Generator, shape: tuple[int, ...], 
 def _nan_pages(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Pages of NaN; an e5m2 cache's keys hold +inf instead (the format has one, e4m3fn not)."""
     def filled(value: float) -> np.ndarray:
-        return _tiled(shape, dtype, np.full((1, *shape[1:]), value, dtype=dtype))
+        return tiled_pool(shape, dtype, np.full((1, *shape[1:]), value, dtype=dtype))
     return filled(np.inf if dtype_name(dtype) == "float8_e5m2" else np.nan), filled(np.nan)
-
-
-def _tiled(shape: tuple[int, ...], dtype: np.dtype, block: np.ndarray) -> np.ndarray:
-    """A pool of ``shape`` (within ``bulk.recycling``, maybe an earlier one's memory) holding
-    ``block`` over and over."""
-    pages = empty_pool(shape, dtype)
-    tile_into(pages, block)
-    return pages
 
 
 def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_scale: float,
@@ -70,7 +62,7 @@ def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_
         v_block = quantize(v_block, quant.v_fill[:, None], quant.dtype)
     if pages == shape[0]:
         return k_block, v_block
-    return _tiled(shape, dtype, k_block), _tiled(shape, dtype, v_block)
+    return tiled_pool(shape, dtype, k_block), tiled_pool(shape, dtype, v_block)
 
 
 def _garbage_values(rng: np.random.Generator, shape: tuple[int, ...]

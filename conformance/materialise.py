@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from conformance.bulk import seal_tiling
 from conformance.dtypes import numpy_dtype
 from conformance.garbage import unread_pages
 from conformance.problem import Problem
@@ -149,8 +150,6 @@ class LogicalKV:
         quant = self.quantization
         k_pages, v_pages = unread_pages(masked, rng, shape, self.keys[0].dtype,
                                         self.sm_scale, quant)
-        if self.kv_lora_rank is not None:  # MLA: the values are the keys' latents, stored once
-            v_pages = k_pages[..., :self.kv_lora_rank]
         k_scale = v_scale = None
         if quant is not None and quant.mode == "per-token":
             k_scale = np.empty(shape[:3], np.float32)
@@ -169,6 +168,11 @@ class LogicalKV:
             if quant is not None and quant.mode == "per-token":
                 k_scale[pages, slots] = self.k_scales[b][positions]
                 v_scale[pages, slots] = self.v_scales[b][positions]
+        written = table[table >= 0]  # the only pages that are not the garbage as filled
+        seal_tiling(k_pages, written)
+        seal_tiling(v_pages, written)
+        if self.kv_lora_rank is not None:  # MLA: the values are the keys' latents, stored once
+            v_pages = k_pages[..., :self.kv_lora_rank]
         return Problem(q=self.q.copy(), k_pages=k_pages, v_pages=v_pages, block_table=table,
                        context_lens=np.asarray(lens, dtype=np.int32), sm_scale=self.sm_scale,
                        window=self.window, sinks=self.sinks,

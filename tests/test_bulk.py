@@ -12,8 +12,10 @@ from conformance.bulk import (
     empty_pool,
     recycling,
     same_bytes,
+    seal_tiling,
     threads_for,
     tile_into,
+    tiled_pool,
 )
 
 
@@ -91,3 +93,49 @@ def test_a_pool_is_handed_out_again_only_once_nothing_references_it(monkeypatch)
     outside = [empty_pool((4, 8), np.float32) for _ in range(2)]
     del outside[0]
     assert _address(empty_pool((4, 8), np.float32)) != _address(outside[0])
+
+
+@pytest.fixture
+def tilings(monkeypatch):
+    """Every pool a tiled one, read in stamps of 96 bytes (a block of 3 rows is 60 bytes)."""
+    monkeypatch.setattr(bulk, "BULK_BYTES", 0)
+    monkeypatch.setattr(bulk, "STAMP_BYTES", 96)
+
+
+def _sealed_pool(written=(7, 20, 49)):
+    block = np.random.default_rng(2).standard_normal((3, 5, 2)).astype(np.float16)
+    pool = tiled_pool((50, 5, 2), np.float16, block)
+    assert pool.nbytes > 1 << 9  # several stamps, and slices of 64 bytes under ``threads``
+    pool[list(written)] = np.float16(7)
+    seal_tiling(pool, np.array(written))
+    return pool
+
+
+def test_a_sealed_tiled_pool_is_copied_and_compared_whole(tilings, threads):
+    pool = _sealed_pool()
+    assert bulk._tiling_of(pool) is not None and not pool.flags.writeable
+    with pytest.raises(ValueError):
+        pool[0] = 0  # sealed: nothing writes it behind its tiling's back
+    copied = np.zeros_like(pool)
+    copy_into(copied, pool)
+    assert copied.tobytes() == pool.tobytes()
+    assert same_bytes(copied, pool) and same_bytes(pool, copied)
+    for row, element in [(0, 0), (7, 3), (8, 9), (20, 0), (48, 9), (49, 9)]:  # garbage, written
+        flipped = copied.copy()
+        flipped.reshape(50, -1).view(np.uint16)[row, element] ^= 1
+        assert not same_bytes(flipped, pool) and not same_bytes(pool, flipped), (row, element)
+
+
+def test_a_pool_is_read_from_its_tiling_only_once_sealed_and_mostly_garbage(tilings):
+    block = np.arange(30, dtype=np.float32).reshape(3, 5, 2)
+    unsealed = tiled_pool((50, 5, 2), np.float32, block)
+    unsealed[4] = -1  # not declared: its tiling must not be read
+    copied = np.zeros_like(unsealed)
+    copy_into(copied, unsealed)
+    assert copied.tobytes() == unsealed.tobytes() and bulk._tiling_of(unsealed) is None
+    busy = _sealed_pool(written=range(20))  # most rows its own: no tiling, still writable
+    assert bulk._tiling_of(busy) is None and busy.flags.writeable
+    sealed = _sealed_pool()
+    count = len(bulk._tilings)
+    del sealed
+    assert len(bulk._tilings) == count - 1  # forgotten with its pool

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conformance import bulk
 from conformance.bulk import same_bytes
 from conformance.materialise import materialise
 from conformance.wire import (
@@ -28,8 +29,13 @@ from conformance.wire import (
 from tests.test_problem import make_case
 
 
-def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen():
-    problem = materialise(make_case())
+@pytest.mark.parametrize("pool", ["small", "tiled"])
+def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen(pool, monkeypatch):
+    if pool == "tiled":  # garbage pages copied and compared from their stamp (conformance.bulk)
+        monkeypatch.setattr(bulk, "BULK_BYTES", 0)
+        monkeypatch.setattr(bulk, "STAMP_BYTES", 64)
+    problem = materialise(make_case(pool_pages=5000))  # past a block of garbage: tiled
+    assert (bulk._tiling_of(problem.k_pages) is not None) == (pool == "tiled")
     out = np.full(problem.q.shape, np.nan, dtype=problem.dtype)  # NaN equals itself by bytes
     payload, segment = pack_message(("call", "decode", (problem, out)))
     _, _, (theirs, their_out) = unpack_message(payload, os.dup(segment.arena.fd))
@@ -41,6 +47,12 @@ def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen():
     assert segment.view(index[id(out)])[0, 0, 0] == 1.0
     changed = {name for name, a in problem.arrays().items() if segment.changed(index[id(a)])}
     assert changed == {"context_lens"}
+    unread = np.setdiff1d(np.arange(problem.k_pages.shape[0]), problem.block_table)
+    for page in (unread[0], unread[-1], problem.block_table[0, 0]):  # garbage, garbage, read
+        theirs.v_pages[page, -1, -1, -1] += 1
+        assert segment.changed(index[id(problem.v_pages)]), page
+        theirs.v_pages[page, -1, -1, -1] = problem.v_pages[page, -1, -1, -1]
+        assert not segment.changed(index[id(problem.v_pages)])
 
 
 @pytest.mark.parametrize("value", [
