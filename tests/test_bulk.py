@@ -68,8 +68,11 @@ def test_threads_only_for_large_arrays_on_a_machine_with_cpus_to_spare(monkeypat
     assert threads_for(bulk.BULK_BYTES) == 4
     monkeypatch.setattr(bulk, "runnable_tasks", lambda: 40)
     assert threads_for(bulk.BULK_BYTES) == 1
+    assert threads_for(bulk.HUGE_BYTES) == bulk.HUGE_THREADS  # the run's critical path
     monkeypatch.setattr(bulk, "runnable_tasks", lambda: None)
     assert threads_for(bulk.BULK_BYTES) == 1
+    monkeypatch.setattr(bulk, "CPUS", 2)
+    assert threads_for(bulk.HUGE_BYTES) == 2
 
 
 def _address(array: np.ndarray) -> int:
