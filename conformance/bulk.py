@@ -50,21 +50,17 @@ def threads_for(nbytes: int) -> int:
 
 def copy_into(target: np.ndarray, source: np.ndarray) -> None:
     """``target[...] = source`` (the same shape and dtype); from the block of a sealed
-    tiling where the pool repeats it."""
+    tiling where the pool repeats it; a large one only where ``target`` differs."""
     if not (_flat(target) and _flat(source)):
         target[...] = source
         return
     t, s = _bytes(target), _bytes(source)
     tiling = _tiling_of(source)
-    if tiling is not None:
-        def pieces(start: int, end: int) -> None:
-            for a, b, want in tiling.pieces(s, start, end):
-                t[a:b] = want
-        _shared(source.nbytes, pieces)
-        return
 
     def part(start: int, end: int) -> None:
-        t[start:end] = s[start:end]
+        pieces = tiling.pieces(s, start, end) if tiling else [(start, end, s[start:end])]
+        for a, _, want in pieces:
+            _overwrite(t, a, want)
     _shared(source.nbytes, part)
 
 
@@ -107,9 +103,23 @@ def tile_into(target: np.ndarray, block: np.ndarray) -> None:
         while start < end:  # from ``start`` to the end of its copy of the stamp, or ``end``
             offset = start % stamp.size
             stop = min(end, start + stamp.size - offset)
-            t[start:stop] = stamp[offset:offset + stop - start]
+            _overwrite(t, start, stamp[offset:offset + stop - start])
             start = stop
     _shared(target.nbytes, part)
+
+
+def _overwrite(target: np.ndarray, start: int, want: np.ndarray) -> None:
+    """``target[start:start + want.size] = want`` (bytes); from ``BULK_BYTES``, only if it
+    holds something else.
+
+    Reading is cheaper than writing, and where a pool is mostly garbage the bytes are often
+    there already: in recycled memory that held the case's previous layout, in the arena
+    slot that held its previous call. Bytes that differ are found at once (``memcmp`` stops
+    at the first)."""
+    end = start + want.size
+    if target.size < BULK_BYTES or _memcmp(target[start:end].ctypes.data, want.ctypes.data,
+                                            want.size) != 0:
+        target[start:end] = want
 
 
 def _stamp(block: np.ndarray, nbytes: int) -> np.ndarray:

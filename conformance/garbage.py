@@ -50,10 +50,13 @@ def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_
     At most ``GARBAGE_CHUNK`` elements of each are made; a larger pool repeats them (a pool
     of 2^32 elements would take minutes to draw, and garbage needs no more variety than a
     wrong page meeting values far off the answer). They are a window, at offsets ``rng``
-    draws, of values drawn once per process (``_garbage_bank``)."""
+    draws, of values drawn once per process (``_garbage_bank``); a pool that repeats them
+    takes the window at the bank's start, so that every such layout of a geometry holds the
+    same garbage and a layout over memory that held the one before finds it there
+    already (``bulk._overwrite``)."""
     pages = max(1, min(shape[0], GARBAGE_CHUNK // max(1, math.prod(shape[1:]))))
     drawn = (pages, *shape[1:])
-    k_raw, v_raw = _garbage_values(rng, drawn)
+    k_raw, v_raw = _garbage_values(rng if pages == shape[0] else None, drawn)
     k_block, v_block = k_raw * np.float32(key_scale), v_raw * np.float32(GARBAGE_VALUE)
     if quant is None:
         k_block, v_block = k_block.astype(dtype), v_block.astype(dtype)
@@ -65,15 +68,16 @@ def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, key_
     return tiled_pool(shape, dtype, k_block), tiled_pool(shape, dtype, v_block)
 
 
-def _garbage_values(rng: np.random.Generator, shape: tuple[int, ...]
+def _garbage_values(rng: np.random.Generator | None, shape: tuple[int, ...]
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Standard normals and random signs (float32) of ``shape``: windows of the bank at two
-    offsets, or (a page larger than the bank's window) drawn here."""
+    offsets (``rng``'s, or its start), or (a page larger than the bank's window) drawn here."""
     count = math.prod(shape)
     if count > GARBAGE_CHUNK:
-        return _drawn(rng, shape)
+        return _drawn(rng or np.random.default_rng(GARBAGE_BANK_SEED + 1), shape)
     normals, signs = _garbage_bank()
-    k_at, v_at = (int(i) for i in rng.integers(0, GARBAGE_CHUNK, size=2))
+    k_at, v_at = (0, 0) if rng is None else (
+        int(i) for i in rng.integers(0, GARBAGE_CHUNK, size=2))
     return (normals[k_at:k_at + count].reshape(shape), signs[v_at:v_at + count].reshape(shape))
 
 
