@@ -3,9 +3,10 @@
 A pool of gigabytes (the ``large-offset`` family: 4.3 GB per K and V) is filled with garbage
 for each of a case's layouts, copied into the worker's arena for each call and compared back
 after it: on one core, at 10-12 GB/s, that case took 107 s of a warm ``full`` run that was
-otherwise over at 27 s. NumPy lets go of the GIL while it copies or compares plain memory,
-so threads, each on its own range, share the work; they are only used while the machine
-has CPUs to spare (``/proc/loadavg``), so a busy parallel run stays one thread a process.
+otherwise over at 27 s. NumPy lets go of the GIL while it copies plain memory, and
+``memcmp`` called through ctypes while it compares, so threads, each on its own range, share
+the work; they are only used while the machine has CPUs to spare (``/proc/loadavg``), so a
+busy parallel run stays one thread a process (but for the largest arrays: ``threads_for``).
 """
 
 from __future__ import annotations
