@@ -140,7 +140,7 @@ class Trial:
     def _kept_scores(self) -> list[np.ndarray]:
         """Per query row, ``(num_qo_heads, n)`` float64: the scores the softmax sees
         (scaled, capped, biased), of the kept tokens."""
-        keys, _ = self.kept_kv()
+        keys, _ = self.kept_kv
         problem = self.problem
         modifiers = Modifiers(np.float64, problem.sm_scale, problem.soft_cap, None,
                               problem.alibi_slopes)
@@ -159,7 +159,7 @@ class Trial:
         return self.shared(("score_errors",), self._score_errors)
 
     def _score_errors(self) -> list[np.ndarray]:
-        keys, _ = self.kept_kv()
+        keys, _ = self.kept_kv
         return score_errors(self.query64, keys, self.problem.sm_scale, self.kept_scores,
                             self.problem.soft_cap)
 
@@ -169,7 +169,7 @@ class Trial:
         return self.shared(("score_bound", self.lse_includes_sink), self._score_bound)
 
     def _score_bound(self) -> np.ndarray:
-        _, values = self.kept_kv()
+        _, values = self.kept_kv
         return score_error_bound(self.score_errors, self.kept_scores, values,
                                  self.reference[0], self.problem.sink_logits)
 
@@ -185,14 +185,16 @@ class Trial:
         return self.shared(("trivial", self.lse_includes_sink), self._trivial)
 
     def _trivial(self) -> dict[str, np.ndarray]:
-        _, values = self.kept_kv()
+        _, values = self.kept_kv
         return trivial_answers(self.kept_scores, values, self.reference[0],
                                self.problem.sink_logits)
 
+    @cached_property
     def kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per query row, the kept keys and values in float64, ``(n, num_kv_heads, d)``
         each (the values a quantized cache's codes denote); query head h reads KV head
-        ``h // group_size``."""
+        ``h // group_size``. Held by the trial too: a case too large for ``SHARED`` would
+        otherwise gather them for each of the four values made from them."""
         return self.shared(("kept_kv",), self._kept_kv)
 
     def _kept_kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
