@@ -56,7 +56,7 @@ def copy_into(target: np.ndarray, source: np.ndarray) -> None:
         target[...] = source
         return
     t, s = _bytes(target), _bytes(source)
-    tiling = _tiling_of(source)
+    tiling = tiling_of(source)
 
     def part(start: int, end: int) -> None:
         pieces = tiling.pieces(s, start, end) if tiling else [(start, end, s[start:end])]
@@ -76,9 +76,9 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.nbytes <= 1 << 16:  # most arrays of a call: block tables, lengths, small pools
         return a.tobytes() == b.tobytes()
-    if _tiling_of(a) is not None:
+    if tiling_of(a) is not None:
         a, b = b, a
-    tiling = _tiling_of(b)
+    tiling = tiling_of(b)
     x = _bytes(np.ascontiguousarray(a))
     y = _bytes(np.ascontiguousarray(b))
     found = []
@@ -178,7 +178,7 @@ _ALONE = _references([np.empty(0)], 0)  # held by its list alone (measured: Pyth
 
 
 @dataclass(frozen=True)
-class _Tiling:
+class Tiling:
     """A pool that holds ``stamp`` (the bytes of a block of whole rows, repeated) over and
     over along its first axis, except perhaps in the rows ``written`` marks."""
 
@@ -203,7 +203,7 @@ class _Tiling:
 
 
 # Pools made by ``tiled_pool``: id -> (a weak reference to the pool, its tiling, sealed)
-_tilings: dict[int, tuple[weakref.ref, _Tiling, bool]] = {}
+_tilings: dict[int, tuple[weakref.ref, Tiling, bool]] = {}
 
 
 def tiled_pool(shape: tuple[int, ...], dtype: np.dtype, block: np.ndarray) -> np.ndarray:
@@ -218,7 +218,7 @@ def tiled_pool(shape: tuple[int, ...], dtype: np.dtype, block: np.ndarray) -> np
     tile_into(pool, block)
     if pool.nbytes >= BULK_BYTES and shape[0]:
         key = id(pool)
-        tiling = _Tiling(_stamp(block, pool.nbytes), pool.nbytes // shape[0],
+        tiling = Tiling(_stamp(block, pool.nbytes), pool.nbytes // shape[0],
                          np.zeros(shape[0], bool))
         _tilings[key] = (weakref.ref(pool, lambda _: _tilings.pop(key, None)), tiling, False)
     return pool
@@ -240,7 +240,8 @@ def seal_tiling(pool: np.ndarray, rows: np.ndarray) -> None:
     _tilings[id(pool)] = (entry[0], entry[1], True)
 
 
-def _tiling_of(array: np.ndarray) -> _Tiling | None:
+def tiling_of(array: np.ndarray) -> Tiling | None:
+    """The tiling of a sealed ``tiled_pool`` (this very array, not a view of it)."""
     entry = _tilings.get(id(array))
     if entry is None or entry[0]() is not array or not entry[2]:
         return None

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from conformance import tiled_arena
 from conformance.bulk import copy_into, same_bytes
 from conformance.dtypes import DTYPES
 from conformance.polling import poll_readable, poll_seconds, readable
@@ -190,7 +191,9 @@ class Segment:
 
     ``view(i)`` is array ``i`` as it lies in the arena now (what the backend left there),
     ``originals[i]`` the harness's own array it was copied from. The views are valid until the
-    next message is placed in the same arena (its slot is free once the reply came)."""
+    next message is placed in the same arena (its slot is free once the reply came). A sealed
+    tiled pool lies there as its stamp and written rows (``conformance.tiled_arena``): it has
+    no view here, and ``changed`` compares those."""
 
     def __init__(self, arrays: list[np.ndarray], arena: Arena | None):
         self.originals = arrays
@@ -202,34 +205,61 @@ class Segment:
         arena.generation += 1
         self.generation = arena.generation
         self.views = [view_in(arena.map, *place) for place in self.layout]
-        for view, array in zip(self.views, arrays, strict=True):
-            copy_into(view, array)
+        for view, array, place in zip(self.views, arrays, self.layout, strict=True):
+            if len(place) > 3:
+                tiled_arena.pack(view, array, place[3])
+            else:
+                copy_into(view, array)
 
     def view(self, index: int) -> np.ndarray:
         if self.arena.generation != self.generation:
             raise RuntimeError("a segment read after the next message reused its arena")
+        if len(self.layout[index]) > 3:
+            raise ValueError("a tiled pool travels as its parts: it has no view in the harness")
         return self.views[index]
 
     def changed(self, index: int) -> bool:
         """Whether array ``index`` differs, byte for byte, from the harness's own."""
+        if len(self.layout[index]) > 3:
+            self.view(0)  # the generation's check
+            return not tiled_arena.same_packed(self.views[index], self.originals[index],
+                                               self.layout[index][3])
         return not same_bytes(self.view(index), self.originals[index])
 
 
-def _layout(arrays: list[np.ndarray]) -> list[tuple[int, np.dtype, tuple[int, ...]]]:
+# where each array lies: (offset, dtype, shape), and for a tiled pool its ``Placement``
+Place = tuple
+
+
+def _layout(arrays: list[np.ndarray]) -> list[Place]:
     layout, size = [], 0
     for array in arrays:
-        size = -(-size // ALIGN) * ALIGN
-        layout.append((size, array.dtype, array.shape))
-        size += array.nbytes
+        tiled = tiled_arena.placement(array)
+        align = ALIGN if tiled is None else tiled_arena.PAGE  # a map starts on a page
+        size = -(-size // align) * align
+        layout.append((size, array.dtype, array.shape) if tiled is None
+                      else (size, array.dtype, array.shape, tiled))
+        size += array.nbytes if tiled is None else tiled.packed_bytes
     return layout
 
 
-def _extent(layout: list[tuple[int, np.dtype, tuple[int, ...]]]) -> int:
-    return max((offset + math.prod(shape) * dtype.itemsize for offset, dtype, shape in layout),
-               default=0)
+def _extent(layout: list[Place]) -> int:
+    return max((place[0] + _bytes_of(place) for place in layout), default=0)
 
 
-def view_in(buffer: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _bytes_of(place: Place) -> int:
+    """What an array takes in the arena: its bytes, or a tiled pool's parts."""
+    if len(place) > 3:
+        return place[3].packed_bytes
+    _, dtype, shape = place
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def view_in(buffer: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...],
+            tiled: tiled_arena.Placement | None = None) -> np.ndarray:
+    """The array at ``offset`` of ``buffer``; for a tiled pool, its parts' bytes."""
+    if tiled is not None:
+        return np.frombuffer(buffer, dtype=np.uint8, count=tiled.packed_bytes, offset=offset)
     count = math.prod(shape)
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
 
@@ -276,11 +306,12 @@ class _SharingUnpickler(pickle.Unpickler):
 
 
 class Mapped:
-    """The worker's side of the arenas: the mapping of the last one the harness sent for each
-    slot."""
+    """The worker's side of the arenas: the mapping (and file) of the last one the harness
+    sent for each slot."""
 
     def __init__(self) -> None:
         self.maps: dict[int, mmap.mmap] = {}
+        self.fds: dict[int, int] = {}  # kept: a tiled pool is mapped from the file
 
     def unpack(self, payload: bytes, fd: int | None) -> Any:
         """The message ``pack_message`` made; its arrays are writable views of the arena.
@@ -289,10 +320,20 @@ class Mapped:
         slot, layout = pickle.loads(payload[HEADER.size:HEADER.size + length])
         if fd is not None:
             self.maps[slot] = mmap.mmap(fd, os.fstat(fd).st_size)
-            os.close(fd)
-        arrays = [view_in(self.maps[slot], *place) for place in layout] if layout else []
+            if slot in self.fds:
+                os.close(self.fds[slot])
+            self.fds[slot] = fd
+        arrays = [self._array(slot, place) for place in layout] if layout else []
         stream = io.BytesIO(payload[HEADER.size + length:])
         return _SharingUnpickler(stream, arrays).load()
+
+    def _array(self, slot: int, place: Place) -> np.ndarray:
+        if len(place) == 3:
+            return view_in(self.maps[slot], *place)
+        offset, dtype, shape, tiled = place
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        pool = tiled_arena.map_pool(self.fds[slot], self.maps[slot], offset, tiled, nbytes)
+        return pool.view(dtype).reshape(shape)
 
 
 def unpack_message(payload: bytes, fd: int | None) -> Any:

@@ -116,7 +116,7 @@ def _sealed_pool(written=(7, 20, 49)):
 
 def test_a_sealed_tiled_pool_is_copied_and_compared_whole(tilings, threads):
     pool = _sealed_pool()
-    assert bulk._tiling_of(pool) is not None and not pool.flags.writeable
+    assert bulk.tiling_of(pool) is not None and not pool.flags.writeable
     with pytest.raises(ValueError):
         pool[0] = 0  # sealed: nothing writes it behind its tiling's back
     copied = np.zeros_like(pool)
@@ -135,9 +135,9 @@ def test_a_pool_is_read_from_its_tiling_only_once_sealed_and_mostly_garbage(tili
     unsealed[4] = -1  # not declared: its tiling must not be read
     copied = np.zeros_like(unsealed)
     copy_into(copied, unsealed)
-    assert copied.tobytes() == unsealed.tobytes() and bulk._tiling_of(unsealed) is None
+    assert copied.tobytes() == unsealed.tobytes() and bulk.tiling_of(unsealed) is None
     busy = _sealed_pool(written=range(20))  # most rows its own: no tiling, still writable
-    assert bulk._tiling_of(busy) is None and busy.flags.writeable
+    assert bulk.tiling_of(busy) is None and busy.flags.writeable
     sealed = _sealed_pool()
     count = len(bulk._tilings)
     del sealed

@@ -11,9 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from backends.tensors import _tiled_to_cuda, to_torch
 from conformance import bulk
 from conformance.bulk import same_bytes
 from conformance.materialise import materialise
+from conformance.tiled_arena import mapped_parts
 from conformance.wire import (
     ARENA_SHRINK_AFTER,
     ARENA_SHRINK_BYTES,
@@ -29,17 +31,27 @@ from conformance.wire import (
 from tests.test_problem import make_case
 
 
-@pytest.mark.parametrize("pool", ["small", "tiled"])
+@pytest.mark.parametrize("pool", ["small", "tiled", "mapped"])
 def test_a_message_arrives_as_views_of_the_segment_and_changes_are_seen(pool, monkeypatch):
-    if pool == "tiled":  # garbage pages copied and compared from their stamp (conformance.bulk)
+    """``tiled``: garbage pages copied and compared from their stamp (``conformance.bulk``);
+    ``mapped``: rows of whole pages, so the pool travels as its stamp and written rows and
+    the worker maps them back (``conformance.tiled_arena``)."""
+    if pool != "small":
         monkeypatch.setattr(bulk, "BULK_BYTES", 0)
         monkeypatch.setattr(bulk, "STAMP_BYTES", 64)
-    problem = materialise(make_case(pool_pages=5000))  # past a block of garbage: tiled
-    assert (bulk._tiling_of(problem.k_pages) is not None) == (pool == "tiled")
+    rows = {"head_dim": 128} if pool == "mapped" else {}  # a page of 4 x 2 x 128 float32
+    problem = materialise(make_case(pool_pages=5000, **rows))  # past a block of garbage
+    assert (bulk.tiling_of(problem.k_pages) is not None) == (pool != "small")
     out = np.full(problem.q.shape, np.nan, dtype=problem.dtype)  # NaN equals itself by bytes
     payload, segment = pack_message(("call", "decode", (problem, out)))
     _, _, (theirs, their_out) = unpack_message(payload, os.dup(segment.arena.fd))
     assert np.array_equal(theirs.k_pages, problem.k_pages) and theirs.sm_scale == problem.sm_scale
+    parts = mapped_parts(theirs.v_pages.reshape(-1).view(np.uint8))
+    assert (parts is not None) == (pool == "mapped")
+    if pool == "mapped":  # the arena holds the parts: far less than the two pools
+        assert segment.arena.size < problem.k_pages.nbytes
+        assert to_torch(theirs.v_pages).numpy().tobytes() == problem.v_pages.tobytes()
+        assert _tiled_to_cuda(parts, "cpu").numpy().tobytes() == problem.v_pages.tobytes()
     index = {id(a): i for i, a in enumerate(segment.originals)}
     assert not any(segment.changed(i) for i in range(len(segment.originals)))
     their_out[0, 0, 0] = 1.0  # what the backend writes, the harness reads
