@@ -15,6 +15,7 @@ is held to the budget of the query/output dtype, not to a quantization tolerance
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -282,11 +283,21 @@ def _copy(array: np.ndarray | None) -> np.ndarray | None:
 
 
 
-def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
-    """Draw the values of a case from its seed, in the case's distribution; stored as the
+def logical_kv(case: Case, quantized: bool = True,
+               drawn: tuple[LogicalKV, np.random.Generator] | None = None) -> LogicalKV:
+    """The values of a case (``drawn_kv``, or ``drawn`` when already drawn) stored as the
     case stores them, or (``quantized=False``) in its query/output dtype, unquantized."""
-    rng = np.random.default_rng(case.seed)
+    logical, rng = drawn or drawn_kv(case)
     dtype = numpy_dtype(case.dtype)
+    if (case.kv_dtype is None and case.q_dtype is None) or not quantized:
+        return stored(logical, dtype, dtype)
+    return quantize_case(case, logical, copy.deepcopy(rng))  # ``drawn`` may serve again
+
+
+def drawn_kv(case: Case) -> tuple[LogicalKV, np.random.Generator]:
+    """Draw the values of a case from its seed, in the case's distribution, as floats; and
+    the generator as the draws left it (a quantized case's scales come next)."""
+    rng = np.random.default_rng(case.seed)
     hq, hkv, d, g = case.num_qo_heads, case.num_kv_heads, case.head_dim, case.group_size
     q = rng.standard_normal((case.tokens, hq, d))
     rows = np.repeat(np.arange(case.batch), case.query_lens or 1)  # each query row's sequence
@@ -338,9 +349,7 @@ def logical_kv(case: Case, quantized: bool = True) -> LogicalKV:
                         window=case.window, sinks=case.sinks, kv_lora_rank=case.kv_lora_rank,
                         pool_elements=case.pool_pages * case.page_size * hkv * d,
                         **score_modifiers(case), **draft_masks(case))
-    if (case.kv_dtype is None and case.q_dtype is None) or not quantized:
-        return stored(logical, dtype, dtype)
-    return quantize_case(case, logical, rng)
+    return logical, rng
 
 
 

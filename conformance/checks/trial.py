@@ -24,7 +24,7 @@ from conformance.checks.outcomes import (
 )
 from conformance.checks.shared import SHARED
 from conformance.dtypes import numpy_dtype
-from conformance.materialise import LogicalKV, logical_kv, materialise
+from conformance.materialise import LogicalKV, drawn_kv, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
 from conformance.references import apply_sink, decode_reference
 from conformance.references.decode import Modifiers, gather_sequence
@@ -95,7 +95,18 @@ class Trial:
 
     @cached_property
     def logical(self) -> LogicalKV:
+        if self.quantized:  # its float values serve the quantization error too
+            return self.shared(("logical",), lambda: logical_kv(self.case, drawn=self.drawn))
         return self.shared(("logical",), lambda: logical_kv(self.case))
+
+    @property
+    def quantized(self) -> bool:
+        return self.case.kv_dtype is not None or self.case.q_dtype is not None
+
+    @cached_property
+    def drawn(self) -> tuple[LogicalKV, np.random.Generator]:
+        """A quantized case's values before they are stored, drawn once."""
+        return self.shared(("drawn",), lambda: drawn_kv(self.case))
 
     @cached_property
     def problem(self) -> Problem:
@@ -217,7 +228,8 @@ class Trial:
         format costs, reported beside the verdict and never part of it."""
         if self.problem.k_scale is None and self.problem.q_scale is None:
             return None
-        exact = materialise(self.case, quantized=False)
+        exact = materialise(self.case, logical=logical_kv(self.case, quantized=False,
+                                                          drawn=self.drawn))
         return output_error(self.reference[0], reference_of(exact)[0])
 
     @property
