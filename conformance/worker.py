@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend
+from conformance.plain_replies import encode_reply
 from conformance.problem import Problem
 from conformance.profiling import profiled
-from conformance.wire import Mapped, encode_reply, receive_frame_blocking, send_frame
+from conformance.wire import Mapped, receive_frame_blocking, send_frame
 
 
 class BackendError(Exception):

@@ -24,12 +24,12 @@ from typing import Any
 
 from conformance.backends.registry import UnknownBackendError
 from conformance.declared import Declared
+from conformance.plain_replies import decode_reply
 from conformance.wire import (
     Arena,
     PeerGoneError,
     Segment,
     WireError,
-    decode_reply,
     pack_message,
     receive_frame,
     send_frame,

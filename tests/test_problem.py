@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conformance.checks.trial import reference_of
+from conformance.checks.oracle import reference_of
 from conformance.materialise import logical_kv, materialise
 from conformance.problem import POISONS, poisoned_outputs
 from conformance.references import kept_tokens

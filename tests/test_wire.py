@@ -15,6 +15,7 @@ from backends.tensors import _tiled_to_cuda, to_torch
 from conformance import bulk
 from conformance.bulk import same_bytes
 from conformance.materialise import materialise
+from conformance.plain_replies import decode_reply, encode_reply
 from conformance.tiled_arena import mapped_parts
 from conformance.wire import (
     ARENA_SHRINK_AFTER,
@@ -23,8 +24,6 @@ from conformance.wire import (
     Arena,
     Mapped,
     WireError,
-    decode_reply,
-    encode_reply,
     pack_message,
     unpack_message,
 )

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from conformance.checks.invariance import check_invariance
 from conformance.checks.merge import check_merge
+from conformance.checks.oracle import reference_of
 from conformance.checks.runs import check_determinism, check_oracle, check_poison, check_purity
-from conformance.checks.trial import Run, Trial, reference_of
+from conformance.checks.trial import Run, Trial
 from conformance.result import Result
 from conformance.sandbox import describe_exception
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -23,22 +24,31 @@ class SharedWork:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[Case, dict] = OrderedDict()
         self.held = 0
+        self.lock = threading.Lock()
 
     def get(self, case: Case, key: tuple, compute: Callable[[], Any]) -> Any:
-        size = case.problem_bytes
-        if size > self.max_bytes // 8:
+        """The value of ``key`` for ``case``, computed (outside the lock: threads may compute
+        a large case's parts side by side, ``oracle.side_by_side``) unless kept."""
+        if case.problem_bytes > self.max_bytes // 8:
             return compute()
+        with self.lock:
+            entry = self._entry(case)
+            if key in entry:
+                return entry[key]
+        value = compute()
+        with self.lock:
+            return self._entry(case).setdefault(key, value)
+
+    def _entry(self, case: Case) -> dict:
         entry = self.entries.get(case)
         if entry is None:
             entry = self.entries[case] = {}
-            self.held += size
+            self.held += case.problem_bytes
             while self.held > self.max_bytes and len(self.entries) > 1:
                 old, _ = self.entries.popitem(last=False)
                 self.held -= old.problem_bytes
         self.entries.move_to_end(case)
-        if key not in entry:
-            entry[key] = compute()
-        return entry[key]
+        return entry
 
 
 SHARED = SharedWork(max_bytes=DEFAULT_MAX_CASE_MIB * 2**20 // 6)

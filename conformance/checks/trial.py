@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from conformance.backends.base import AttentionState
+from conformance.checks.oracle import reference_of, reversed_dims, side_by_side
 from conformance.checks.outcomes import (
     cannot_judge_message,
     locate,
@@ -26,7 +27,7 @@ from conformance.checks.shared import SHARED
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import LogicalKV, drawn_kv, logical_kv, materialise
 from conformance.problem import POISONS, Problem, poisoned_outputs
-from conformance.references import apply_sink, decode_reference
+from conformance.references import apply_sink
 from conformance.references.decode import Modifiers, gather_sequence
 from conformance.result import Result
 from conformance.sandbox import BackendHandle, describe_exception
@@ -95,13 +96,9 @@ class Trial:
 
     @cached_property
     def logical(self) -> LogicalKV:
-        if self.quantized:  # its float values serve the quantization error too
+        if self.case.kv_dtype or self.case.q_dtype:  # its floats serve the quantization error
             return self.shared(("logical",), lambda: logical_kv(self.case, drawn=self.drawn))
         return self.shared(("logical",), lambda: logical_kv(self.case))
-
-    @property
-    def quantized(self) -> bool:
-        return self.case.kv_dtype is not None or self.case.q_dtype is not None
 
     @cached_property
     def drawn(self) -> tuple[LogicalKV, np.random.Generator]:
@@ -128,12 +125,17 @@ class Trial:
 
     def _budget(self) -> tuple[Budget, Budget]:
         table = table_budget(self.case.dtype, self.backend.capabilities.float32_matmul)
-        low_out, low_lse = reference_of(self.problem, numpy_dtype(self.case.dtype),
-                                        self.lse_includes_sink)
+        dtype = numpy_dtype(self.case.dtype)
+        # a second oracle in the case's precision sums in another order: the ratio rule must
+        # not rest on one lucky summation order (found by explore at scores of ~-1e5); the
+        # float64 oracle (on the way to the score bound) and an fp8 case's unquantized answer
+        # are computed beside them, by threads of their own in a large case
+        (low_out, low_lse), (reordered_out, _), *_ = side_by_side(
+            self.case.problem_bytes,
+            lambda: reference_of(self.problem, dtype, self.lse_includes_sink),
+            lambda: reference_of(reversed_dims(self.problem), dtype),
+            lambda: self.score_bound, lambda: self.unquantized_reference)
         ref_out, ref_lse = self.reference
-        # a second float32 oracle summing in another order: the ratio rule must not rest on
-        # one lucky summation order (found by explore at scores of ~-1e5)
-        reordered_out, _ = reference_of(reversed_dims(self.problem), numpy_dtype(self.case.dtype))
         ratio_out = RATIO * max(output_error(low_out, ref_out),
                                 output_error(reordered_out[..., ::-1], ref_out))
         ratio_out = max(ratio_out if math.isfinite(ratio_out) else 0.0,  # inf: it overflowed
@@ -220,17 +222,22 @@ class Trial:
 
     @cached_property
     def quantization_error(self) -> float | None:
-        return self.shared(("quantization",), self._quantization_error)
-
-    def _quantization_error(self) -> float | None:
         """How far storing this case in fp8 moves the float64 answer (output error of the
         oracle on the codes against the oracle on the values before quantizing): what the
         format costs, reported beside the verdict and never part of it."""
+        exact = self.unquantized_reference
+        return None if exact is None else output_error(self.reference[0], exact)
+
+    @cached_property
+    def unquantized_reference(self) -> np.ndarray | None:
+        """A quantized case's float64 output on its values before they were stored."""
+        return self.shared(("unquantized",), self._unquantized_reference)
+
+    def _unquantized_reference(self) -> np.ndarray | None:
         if self.problem.k_scale is None and self.problem.q_scale is None:
             return None
-        exact = materialise(self.case, logical=logical_kv(self.case, quantized=False,
-                                                          drawn=self.drawn))
-        return output_error(self.reference[0], reference_of(exact)[0])
+        return reference_of(materialise(self.case, logical=logical_kv(
+            self.case, quantized=False, drawn=self.drawn)))[0]
 
     @property
     def empty_lse(self) -> float:
@@ -372,26 +379,6 @@ class Trial:
                 return Result.of(check, Status.CANNOT_JUDGE, error, budget, cannot_judge_message(
                     out_budget, admitted) + suffix)
         return Result.of(check, Status.PASSED, error, budget)
-
-
-def reversed_dims(problem: Problem) -> Problem:
-    """The same problem with head_dim reversed in q, K and V: the same answer (its output
-    reversed), summed in another order."""
-    return replace(problem, q=problem.q[..., ::-1], k_pages=problem.k_pages[..., ::-1],
-                   v_pages=problem.v_pages[..., ::-1])
-
-
-def reference_of(problem: Problem, precision: type = np.float64, lse_includes_sink: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    return decode_reference(problem.q, problem.k_pages, problem.v_pages, problem.block_table,
-                            problem.context_lens, sm_scale=problem.sm_scale,
-                            window=problem.window, sinks=problem.sinks,
-                            k_scale=problem.k_scale, v_scale=problem.v_scale,
-                            q_scale=problem.q_scale, soft_cap=problem.soft_cap,
-                            sink_logits=problem.sink_logits,
-                            alibi_slopes=problem.alibi_slopes,
-                            lse_includes_sink=lse_includes_sink, query_lens=problem.query_lens,
-                            draft_mask=problem.draft_mask, precision=precision)
 
 
 def errored(check: str, run: Run) -> Result | None:
