@@ -11,6 +11,8 @@ import pytest
 
 from conformance import parallel
 from conformance.blas_threads import BLAS_VARIABLES
+from conformance.checks import oracle
+from conformance.checks.shared import SHARED
 from conformance.parallel import THREAD_VARIABLES, Pool, longest_first, thread_environment
 from conformance.runner import run
 from conformance.selection import select_cases
@@ -119,3 +121,22 @@ def test_the_cli_sets_one_blas_thread_before_numpy_loads():
     done = subprocess.run([sys.executable, "-c", watch], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.strip() == "numpy loads with 1", done.stdout + done.stderr
+
+
+def test_a_large_cases_expected_values_computed_side_by_side_are_those_computed_in_turn(
+        monkeypatch, tmp_path):
+    """The oracles, score bound and unquantized answer of a case on threads (``side_by_side``,
+    from ``SIDE_BY_SIDE_BYTES``; forced here on small cases) give every result as before."""
+    cases = [*select_cases(default_spec(), "ci", ["fp8-"])[::9][:3],
+             *select_cases(default_spec(), "ci", ["sink-logits/"])[:1]]
+    submitted = []
+    executor = oracle._executor()
+    monkeypatch.setattr(oracle, "_executor", lambda: submitted.append(1) or executor)
+    settings = RunSettings(profile="ci", manifest_dir=tmp_path)
+    results = []
+    for threshold in (1 << 62, 0):
+        monkeypatch.setattr(oracle, "SIDE_BY_SIDE_BYTES", threshold)
+        SHARED.entries.clear()  # nothing kept from the run before
+        results.append(run([open_backend("numpy", tmp_path)], cases, settings).results)
+    assert len(submitted) >= 4 * len(cases) and any(c.kv_dtype for c in cases)
+    assert results[0] == results[1] and len(results[0]) > 20 * len(cases)
