@@ -38,6 +38,7 @@ HEADER = struct.Struct("!Q")
 MAX_REPLY_BYTES = 1 << 31  # no reply of the contract comes near; a larger length is a lie
 ALIGN = 64  # bytes: each array in a segment starts on a cache line
 
+
 class WireError(Exception):
     """A frame that is not what the protocol allows; the message says what was wrong."""
 
@@ -201,19 +202,21 @@ class Segment:
                 copy_into(view, array)
 
     def view(self, index: int) -> np.ndarray:
-        if self.arena.generation != self.generation:
-            raise RuntimeError("a segment read after the next message reused its arena")
         if len(self.layout[index]) > 3:
             raise ValueError("a tiled pool travels as its parts: it has no view in the harness")
-        return self.views[index]
+        return self._placed(index)
 
     def changed(self, index: int) -> bool:
         """Whether array ``index`` differs, byte for byte, from the harness's own."""
         if len(self.layout[index]) > 3:
-            self.view(0)  # the generation's check
-            return not tiled_arena.same_packed(self.views[index], self.originals[index],
+            return not tiled_arena.same_packed(self._placed(index), self.originals[index],
                                                self.layout[index][3])
         return not same_bytes(self.view(index), self.originals[index])
+
+    def _placed(self, index: int) -> np.ndarray:
+        if self.arena.generation != self.generation:
+            raise RuntimeError("a segment read after the next message reused its arena")
+        return self.views[index]
 
 
 # where each array lies: (offset, dtype, shape), and for a tiled pool its ``Placement``
