@@ -12,6 +12,7 @@ from conformance.backends import tensors  # noqa: E402
 from conformance.backends.tensors import (  # noqa: E402
     DIRECT_BYTES,
     to_numpy,
+    to_numpy_many,
     to_torch,
     to_torch_many,
 )
@@ -90,6 +91,31 @@ def test_a_pool_past_the_staging_limit_goes_to_the_gpu_on_its_own_bit_for_bit(ch
                                       err_msg=name)
         tensor.fill_(0)
         np.testing.assert_array_equal(_bytes(array), _bytes(kept[name]))
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the pinned path is for a CUDA device; none is visible"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_several_results_come_back_with_one_wait_each_its_own_bit_for_bit(device):
+    rng = np.random.default_rng(3)
+    likes = [(rng.standard_normal((4, 6)) * 100).astype(d) for d in DTYPES]
+    moved = to_torch_many({str(i): like for i, like in enumerate(likes)}, device)
+    tensors_ = [moved[str(i)] for i in range(len(likes))]
+    if device == "cuda":
+        torch.cuda._sleep(50_000_000)  # the writes below land well after the call returns
+    for tensor in tensors_:  # every byte inverted on the device, whatever the dtype
+        tensor.view(torch.uint8).bitwise_not_()
+    strided = tensors_[0][:, ::2]  # not contiguous
+    back = to_numpy_many([(t, like) for t, like in zip(tensors_, likes, strict=True)]
+                         + [(strided, likes[0][:, ::2])])
+    for array, like in zip(back, [*likes, likes[0][:, ::2]], strict=True):
+        assert array.dtype == like.dtype and array.shape == like.shape
+        np.testing.assert_array_equal(_bytes(array), ~_bytes(like), err_msg=like.dtype.name)
+    as_float = to_numpy_many([(tensors_[1], np.zeros((4, 6), np.float32))])[0]
+    assert as_float.dtype == np.float32  # cast to the buffer's dtype
+    np.testing.assert_array_equal(as_float, back[1].astype(np.float32))
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ from functools import cache
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend, Capabilities, Conventions
-from conformance.backends.tensors import to_numpy, to_torch
+from conformance.backends.tensors import to_numpy_many, to_torch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 FP8_SCALES = ("FlashInfer's decode takes k_scale and v_scale as floats (run(): 'The "
@@ -161,13 +161,10 @@ class FlashInferDecode(Backend):
         return "cuda"
 
     def decode(self, problem, out, lse, *, num_splits=None) -> None:
-        import torch
-
         call = self.prepare(problem, out, lse)
         call()
-        torch.cuda.synchronize()
-        out[...] = to_numpy(self.results[0], out)
-        lse[...] = to_numpy(self.results[1] * np.log(2.0), lse)  # base 2 -> natural
+        out[...], lse[...] = to_numpy_many([(self.results[0], out),  # LSE base 2 -> natural
+                                            (self.results[1] * np.log(2.0), lse)])
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         q = to_torch(problem.q, "cuda")
@@ -207,15 +204,12 @@ class FlashInferDecode(Backend):
         return extra
 
     def merge(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        import torch
-
         flashinfer = load_flashinfer()
         to_base2 = np.float32(1.0 / np.log(2.0))
         v, s = flashinfer.merge_state(to_torch(a.out, "cuda"), to_torch(a.lse * to_base2, "cuda"),
                                       to_torch(b.out, "cuda"), to_torch(b.lse * to_base2, "cuda"))
-        torch.cuda.synchronize()
-        return AttentionState(out=to_numpy(v, a.out),
-                              lse=(to_numpy(s, a.lse) / to_base2).astype(np.float32))
+        merged_out, merged_lse = to_numpy_many([(v, a.out), (s, a.lse)])
+        return AttentionState(out=merged_out, lse=(merged_lse / to_base2).astype(np.float32))
 
 
 class FlashInferTensorCores(FlashInferDecode):

@@ -25,7 +25,7 @@ from functools import cache
 import numpy as np
 
 from conformance.backends.base import Backend, Capabilities
-from conformance.backends.tensors import to_numpy, to_torch
+from conformance.backends.tensors import to_numpy_many, to_torch
 
 FEATURES = frozenset({"lse", "sliding_window", "sinks"})
 
@@ -59,8 +59,7 @@ class TorchBackend(Backend):
 
     def write_back(self, out: np.ndarray, lse: np.ndarray) -> None:
         out_t, lse_t = self.results
-        out[...] = to_numpy(out_t, out)
-        lse[...] = to_numpy(lse_t, lse)
+        out[...], lse[...] = to_numpy_many([(out_t, out), (lse_t, lse)])
 
     def timing_device(self) -> str:
         return device()

@@ -7,7 +7,7 @@ from functools import partial
 import numpy as np
 
 from conformance.backends.base import AttentionState, Backend, Capabilities
-from conformance.backends.tensors import to_numpy, to_torch, to_torch_many
+from conformance.backends.tensors import to_numpy_many, to_torch, to_torch_many
 from conformance.backends.triton import runtime
 
 BF16_INTERPRETER = ("bfloat16 arithmetic is not supported by the Triton interpreter "
@@ -48,8 +48,7 @@ class TritonBackend(Backend):
     def decode(self, problem, out, lse, *, num_splits=None) -> None:
         out_t, lse_t = self.upload(out), self.upload(lse)
         self.bind(problem, out_t, lse_t, num_splits, validate=True)()
-        out[...] = to_numpy(out_t, out)
-        lse[...] = to_numpy(lse_t, lse)
+        out[...], lse[...] = to_numpy_many([(out_t, out), (lse_t, lse)])
 
     def prepare(self, problem, out, lse, *, num_splits=None):
         out_t, lse_t = self.upload(out), self.upload(lse)
@@ -116,7 +115,8 @@ class TritonBackend(Backend):
         out_t, lse_t = tensors["out"], tensors["lse"]
         merge_states(tensors["a.out"], tensors["a.lse"], tensors["b.out"], tensors["b.lse"],
                      out_t, lse_t)
-        return AttentionState(out=to_numpy(out_t, out), lse=to_numpy(lse_t, lse))
+        merged_out, merged_lse = to_numpy_many([(out_t, out), (lse_t, lse)])
+        return AttentionState(out=merged_out, lse=merged_lse)
 
 
 class TritonSplitKV(TritonBackend):
