@@ -42,7 +42,8 @@
 #        whether Python keeps the libraries' bytecode there (python-bytecode.txt)
 #   bash benchmarks/gpu_session.sh speed-full          # issue 22: SPEED_BACKEND's full, -j JOBS,
 #        ROUNDS times (FULL_TIMEOUT each; TREES="DIR ... .": older checkouts and this one in
-#        turn each round), then PROFILE_CASES (ids) alone, profiled
+#        turn each round; PROFILES="ci full": each profile in turn), then PROFILE_CASES (ids)
+#        alone, profiled
 #   bash benchmarks/gpu_session.sh speed-threads       # issue 22: THREAD_FILTER's full cases with
 #        the libraries' default threads and one a process, alternating; PROFILE_CASES alone
 #   bash benchmarks/gpu_session.sh same-reports        # issue 22: SAME_FILTER's full cases on
@@ -357,15 +358,19 @@ print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix',
   speed-full)
     # issue 22: SPEED_BACKEND's full profile, -j JOBS, ROUNDS times (the first cold on a fresh
     # machine), each cut at FULL_TIMEOUT; then each case of PROFILE_CASES (ids) alone, profiled
-    # TREES: folders of older checkouts ("." this one), each round running each in turn
+    # TREES: folders of older checkouts ("." this one), each round running each in turn;
+    # PROFILES: the profiles each tree runs in a round (default full; "ci full": both)
     backend=${SPEED_BACKEND:-triton-splitkv}
     jobs=${JOBS:-16}
     for round in $(seq "${ROUNDS:-1}"); do
       for tree in ${TREES:-.}; do
         label=$(basename "$(realpath "$tree")")
         [[ $tree == . ]] && label=this
-        TREE=$([[ $tree != . ]] && realpath "$tree") timed "full-$backend-$label-$round" \
-          "${FULL_TIMEOUT:-420}" --backend "$backend" --profile full $([[ $tree == . ]] && echo --durations 20)
+        for profile in ${PROFILES:-full}; do
+          TREE=$([[ $tree != . ]] && realpath "$tree") timed "$profile-$backend-$label-$round" \
+            "${FULL_TIMEOUT:-420}" --backend "$backend" --profile "$profile" \
+            $([[ $tree == . ]] && echo --durations 20)
+        done
       done
     done
     for id in ${PROFILE_CASES:-}; do
