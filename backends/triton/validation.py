@@ -196,12 +196,13 @@ class Queries:
         batch, tokens = context_lens.shape[0], q.shape[0]
         check_tensor("query_start", self.query_start, shape=(batch + 1,), int32=True,
                      device=q.device)
-        starts = self.query_start.cpu().tolist()
+        both = torch.cat([self.query_start, context_lens.to(self.query_start.dtype)]).tolist()
+        starts, context = both[:batch + 1], both[batch + 1:]  # one read back, not two
         lens = [b - a for a, b in pairwise(starts)]
         if starts[0] != 0 or starts[-1] != tokens:
             raise ValueError(f"query_start: runs from {starts[0]} to {starts[-1]}; want 0 to "
                              f"q's {tokens} rows")
-        for b, (length, n) in enumerate(zip(lens, context_lens.cpu().tolist(), strict=True)):
+        for b, (length, n) in enumerate(zip(lens, context, strict=True)):
             if not 1 <= length <= n:
                 raise ValueError(f"query_start: sequence {b} has {length} query tokens; want "
                                  f"1 to its context length {n} (which counts them)")
