@@ -147,3 +147,20 @@ def test_bad_score_modifiers_are_named(kernel, modifiers, fragment):
     _, tensors = inputs()
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         call(kernel, tensors, modifiers=ScoreModifiers(**modifiers))
+
+
+@pytest.mark.parametrize("starts,max_len,empty_first,fragment", [
+    ([1, 1, 2], 1, False, "query_start: runs from 1 to 2; want 0 to q's 2 rows"),
+    ([0, 2, 2], 2, False, "query_start: sequence 1 has 0 query tokens"),
+    ([0, 1, 2], 1, True, "sequence 0 has 1 query tokens; want 1 to its context length 0"),
+    ([0, 1, 2], 2, False, "max_query_len: 2, but the longest sequence has 1"),
+])
+def test_bad_query_tokens_are_named(starts, max_len, empty_first, fragment):
+    from conformance.backends.triton.validation import Queries
+
+    _, tensors = inputs()
+    if empty_first:
+        tensors["context_lens"][0] = 0
+    queries = Queries(torch.tensor(starts, dtype=torch.int32), max_len)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        call(splitkv_decode, tensors, queries=queries)
