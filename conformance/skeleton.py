@@ -33,8 +33,9 @@ Add a backend in ten minutes:
    problem.draft_mask (tokens, max query_len) bool or None (causal). The drafts are each
    sequence's last positions; windows and ALiBi count from each draft's own position.
    bfloat16 and fp8 arrays are ml_dtypes types, which torch.from_numpy refuses: convert with
-       from conformance.backends.tensors import to_numpy, to_torch
-       q = to_torch(problem.q, "cuda")      ...      out[...] = to_numpy(result, out)
+       from conformance.backends.tensors import to_numpy_many, to_torch
+       q = to_torch(problem.q, "cuda")      ...
+       out[...], lse[...] = to_numpy_many([(out_t, out), (lse_t, lse)])  # one wait for both
    Convert to your kernel's layout here (that part is not timed), run the kernel, and write
    the results into ``out`` (batch, num_qo_heads, head_dim) in the query dtype and ``lse``
    (batch, num_qo_heads) float32, natural log. Both arrive poisoned: write every element.
