@@ -342,6 +342,12 @@ class Backend:
         """None when the backend can run here, else why not (missing package, no GPU...)."""
         return None
 
+    @classmethod
+    def preload(cls) -> None:
+        """Import what a worker needs before its first answer, touching no device and
+        starting no thread: run once in the process its workers are forked from
+        (``conformance.zygote``), so that each does not import it again. Optional."""
+
     def unsupported_reason(self, case: Case) -> str | None:
         """Why a case is not claimed; override to add limits the capabilities can't say."""
         return self.capabilities.unsupported_reason(case)

@@ -84,6 +84,11 @@ def thread_environment(jobs: int) -> dict[str, str]:
             **one_blas_thread()}
 
 
+def pool_environment(jobs: int) -> dict[str, str]:
+    """What each of ``jobs`` workers' environment adds, but for its GPU."""
+    return {**polling_environment(jobs), **thread_environment(jobs)}
+
+
 @contextlib.contextmanager
 def spawned_with(env: dict[str, str]) -> Iterator[None]:
     """``env`` in this process's environment while a process is spawned, then as it was:
@@ -140,8 +145,7 @@ class Pool:
         parent, child = self.context.Pipe()
         process = self.context.Process(target=_serve, daemon=True,
                                        args=(child, self.work, warm))
-        with spawned_with({**gpu_environment(slot), **polling_environment(self.jobs),
-                           **thread_environment(self.jobs)}):
+        with spawned_with({**gpu_environment(slot), **pool_environment(self.jobs)}):
             process.start()
         child.close()
         self.workers[parent] = (process, slot, None)

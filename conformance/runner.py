@@ -76,18 +76,23 @@ def evaluate_case(backend: BackendRun, case: Case, settings: RunSettings) -> Cas
                       seconds=time.monotonic() - started)
 
 
+def pool_size(jobs: int, tasks: int) -> int:
+    """The ``-j`` processes ``tasks`` (backend, case) pairs get; 0: the run is serial."""
+    return 0 if jobs < 2 or tasks < 2 else min(jobs, tasks)
+
+
 def start_pool(jobs: int, tasks: int, target: str | None) -> Pool | None:
     """The ``-j`` worker processes for ``tasks`` (backend, case) pairs, started now, each
     opening ``target`` (the first backend's) ahead, so that they load it while the harness
     reads its declaration; None where the run is serial."""
-    if jobs < 2 or tasks < 2:
+    if not pool_size(jobs, tasks):
         return None
     from functools import partial
 
     from conformance.parallel import Pool
     from conformance.worker_process import open_ahead
 
-    return Pool(_evaluate_in_worker, min(jobs, tasks),
+    return Pool(_evaluate_in_worker, pool_size(jobs, tasks),
                 partial(open_ahead, target) if target else None)
 
 

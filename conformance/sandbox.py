@@ -245,7 +245,7 @@ class IsolatedBackend(BackendHandle):
         if self.worker is not None:  # opened ahead (``parallel.Pool``): read its reply
             self._receive("loading the backend", self.worker.number)
             return
-        self.worker = Worker()
+        self.worker = Worker(self.target, self.deadline)
         self._request(("open", self.target), "loading the backend")
 
     def _stop(self) -> None:

@@ -80,6 +80,12 @@ class {cls}(Backend):
         # Return why this backend cannot run here (a missing package, no GPU), or None.
         return None
 
+    @classmethod
+    def preload(cls) -> None:
+        # Optional: import your heavy libraries here (import torch), touching no GPU and
+        # starting no thread: done once, and every worker of a run is forked from there.
+        pass
+
     def unsupported_reason(self, case) -> str | None:
         if not self.capabilities.dtypes:
             return "skeleton: declare capabilities and fill in decode()"

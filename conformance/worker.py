@@ -291,12 +291,14 @@ def _c_fflush() -> Callable[[Any], int] | None:
 _C_FFLUSH = _c_fflush()  # looked up once: a dlopen per call cost more than the flush
 
 
-def main() -> None:
+def run(channel: int) -> None:
+    """Serve the harness on ``channel`` until it is done: a spawned worker's whole life, and
+    a forked one's after the fork (``conformance.zygote``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when a worker ends
     faulthandler.enable()  # a native crash prints the Python stack into the captured output
     with profiled("worker"):
-        serve(socket.socket(fileno=int(sys.argv[1])))
+        serve(socket.socket(fileno=channel))
 
 
 if __name__ == "__main__":
-    main()
+    run(int(sys.argv[1]))

@@ -35,6 +35,7 @@ from conformance.wire import (
     send_frame,
 )
 from conformance.worker import Captured
+from conformance.zygote import ForkedProcess, forked_worker, worker_environment
 
 OUTPUT_TAIL = 4096  # bytes of a case's captured output kept for the report
 DEPTH = 2  # requests a worker may have out at once (Worker.send)
@@ -45,15 +46,24 @@ class Worker:
 
     It runs in a session (and process group) of its own, so that a Ctrl-C reaches the harness
     only and so that ending it ends the helpers it forked too. Its death is read from its exit
-    status (a pidfd wakes the wait), never from the end of a pipe a forked child may hold."""
+    status (a pidfd wakes the wait), never from the end of a pipe a forked child may hold.
+    With a ``target`` whose zygote serves this run it is forked from there by ``deadline``
+    (``conformance.zygote``), else spawned."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: str | None = None, deadline: float | None = None) -> None:
         parent, child = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "conformance.worker", str(child.fileno())],
-            pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        env = worker_environment()
+        self.process: subprocess.Popen | ForkedProcess | None = (  # from its zygote
+            forked_worker(target, child, env, deadline) if target else None)
+        if self.process is None:
+            if target:  # a zygote that forks after all, late, serves a channel closed here
+                parent.close()
+                child.close()
+                parent, child = socket.socketpair()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "conformance.worker", str(child.fileno())],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)
         child.close()
         self.sock = parent
         try:
@@ -131,14 +141,17 @@ class Worker:
     def exited(self) -> bool:
         """Whether the worker has ended, looked at without reaping it (its process group id
         stays reserved until it is reaped, so ending the group then cannot hit another)."""
+        if isinstance(self.process, ForkedProcess):
+            return self.process.exited()
         try:
             return os.waitid(os.P_PID, self.process.pid,
                              os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:
             return True
 
-    def exit_status(self, wait: float) -> int:
-        """Its exit status, waiting up to ``wait`` seconds before killing it."""
+    def exit_status(self, wait: float) -> int | None:
+        """Its exit status, waiting up to ``wait`` seconds before killing it (None: a forked
+        worker whose zygote ended first)."""
         deadline = time.monotonic() + wait
         while not self.exited() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -170,7 +183,9 @@ class Worker:
     def death(self, what: str) -> str:
         """Why the worker ended, from its exit status and its last output."""
         code = self.exit_status(10.0)
-        if code < 0:
+        if code is None:
+            how = "ended (its exit status went with the zygote that forked it)"
+        elif code < 0:
             try:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
@@ -192,7 +207,7 @@ def open_ahead(target: str) -> Callable[[], None]:
     """Start a worker opening ``target`` now, its reply unread, for the first handle of that
     target in this process (``take_ahead``): a pool's workers load the backend while the
     harness's probe still does. Returns what ends it if no handle took it."""
-    worker = Worker()
+    worker = Worker(target)
     try:
         worker.send(("open", target), None)
     except OSError:  # gone at once: the handle starts its own and reports why
@@ -222,7 +237,7 @@ class Probe:
     def __init__(self, target: str, timeout: float | None):
         self.target, self.timeout = target, timeout
         self.deadline = time.monotonic() + timeout if timeout else None
-        self.worker = Worker()
+        self.worker = Worker(target, self.deadline)
         self.sent: OSError | None = None
         try:
             self.worker.send(("describe", target), self.deadline)

@@ -123,6 +123,10 @@ class FlashInferDecode(Backend):
     use_tensor_cores = False
 
     @classmethod
+    def preload(cls) -> None:
+        import torch  # noqa: F401  (not FlashInfer: what it does on import is its own)
+
+    @classmethod
     def availability(cls) -> str | None:
         try:
             import torch

@@ -52,6 +52,10 @@ class TorchBackend(Backend):
     def availability(cls) -> str | None:
         return torch_unavailable()
 
+    @classmethod
+    def preload(cls) -> None:
+        import torch  # noqa: F401
+
     def decode(self, problem, out, lse, *, num_splits=None) -> None:
         result = self.prepare(problem, out, lse, num_splits=num_splits)
         result()

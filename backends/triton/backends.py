@@ -37,6 +37,10 @@ class TritonBackend(Backend):
     def availability(cls) -> str | None:
         return runtime.unavailable_reason()
 
+    @classmethod
+    def preload(cls) -> None:
+        runtime.preload()
+
     def __init__(self) -> None:
         self.mode = runtime.select_mode()  # before any kernel module is imported
 

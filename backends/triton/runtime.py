@@ -35,6 +35,24 @@ def select_mode() -> Mode:
     return Mode("cpu", True, 4)
 
 
+def preload() -> None:
+    """torch, and Triton where it will compile for a GPU; where it may be interpreted, not
+    Triton (``select_mode`` must come first). The GPUs are counted by NVML, which makes no
+    CUDA context, and a CUDA_VISIBLE_DEVICES that may hide them all imports no Triton."""
+    import torch
+
+    from conformance.parallel import gpu_count
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = visible is None or all(d.strip() and not d.strip().startswith("-")
+                                   for d in visible.split(","))
+    if (torch.version.cuda and shown and gpu_count()
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")):
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # a hash of Triton's own files, once a process
+
+
 def unavailable_reason() -> str | None:
     """Why Triton cannot run here, or None."""
     try:

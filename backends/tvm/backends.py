@@ -57,6 +57,11 @@ class TvmBackend(Backend):
                                                     "multi_token", "draft_mask"}))
 
     @classmethod
+    def preload(cls) -> None:
+        kernels.import_tvm()
+        import tvm_ffi  # noqa: F401
+
+    @classmethod
     def availability(cls) -> str | None:
         try:
             kernels.import_tvm()

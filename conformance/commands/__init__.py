@@ -10,10 +10,12 @@ refusal of one that cannot run here) is this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
 from conformance.session import BackendRun, RunSettings, open_backends
+from conformance.zygote import SWITCH_VARIABLE, zygotes
 
 
 def settings_from(args: argparse.Namespace, **more) -> RunSettings:
@@ -39,3 +41,15 @@ def open_named(names: list[str], args: argparse.Namespace) -> list[BackendRun] |
         print(f"error: backend {backend.label!r} is unavailable here: {backend.reason}",
               file=sys.stderr)
     return None if unavailable else backends
+
+
+def forking(args: argparse.Namespace) -> bool:
+    """Whether a command's workers come from zygotes (isolated, and not switched off)."""
+    return not args.in_process and os.environ.get(SWITCH_VARIABLE) != "0"
+
+
+def loaded_once(targets: list[str], args: argparse.Namespace,
+                env: dict[str, str] | None = None) -> contextlib.AbstractContextManager:
+    """Each backend of the command loaded once, in a zygote its workers are forked from
+    (``conformance.zygote``; ``env``: a ``-j`` pool's variables); nothing to do in process."""
+    return zygotes(targets, env) if forking(args) else contextlib.nullcontext()

@@ -7,7 +7,7 @@ import json
 import sys
 
 from conformance.checks import CHECK_FAMILIES
-from conformance.commands import open_named
+from conformance.commands import loaded_once, open_named
 from conformance.explore import (
     REGRESSION_PROFILE,
     as_listed,
@@ -38,20 +38,21 @@ def handle_explore(args: argparse.Namespace) -> int:
                                                                       CHECK_FAMILIES),
                            manifest_dir=args.expectations, isolated=not args.in_process,
                            case_timeout=args.case_timeout)
-    named = open_named([args.backend], args)
-    if named is None:
-        return 2
-    backend = named[0]
-    if args.fp8 and not backend.capabilities.kv_dtypes:
-        print(f"error: --fp8: backend {backend.label!r} claims no fp8 cache (its kv_dtypes "
-              f"are empty)", file=sys.stderr)
-        return 2
-    stop_on_signals()
-    try:
-        state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
-                        args.database, progress=print_progress, fp8=args.fp8)
-    finally:
-        backend.disconnect()
+    with loaded_once([args.backend], args):  # a worker replaced after each fault: forked
+        named = open_named([args.backend], args)
+        if named is None:
+            return 2
+        backend = named[0]
+        if args.fp8 and not backend.capabilities.kv_dtypes:
+            print(f"error: --fp8: backend {backend.label!r} claims no fp8 cache (its kv_dtypes "
+                  f"are empty)", file=sys.stderr)
+            return 2
+        stop_on_signals()
+        try:
+            state = explore(backend, settings, args.max_examples, args.time_budget, args.seed,
+                            args.database, progress=print_progress, fp8=args.fp8)
+        finally:
+            backend.disconnect()
     if state.replayed:
         print(f"replayed {state.replayed} saved finding(s) from "
               f"{args.database / (backend.label + '.toml')} first: {state.still_failing} "

@@ -9,15 +9,24 @@ import time
 from conformance.accuracy import drift_results, load_accuracy, save_accuracy
 from conformance.backends.registry import known_backends
 from conformance.checks import CHECK_FAMILIES
-from conformance.commands import job_count, loading, open_named, settings_from
+from conformance.commands import (
+    forking,
+    job_count,
+    loaded_once,
+    loading,
+    open_named,
+    settings_from,
+)
 from conformance.inputs import check_directory, check_outputs
 from conformance.interrupts import protect_reports, stop_on_signals
+from conformance.parallel import pool_environment
 from conformance.report import Progress, write_json, write_junit, write_markdown, write_terminal
-from conformance.runner import run, start_pool
+from conformance.runner import pool_size, run, start_pool
 from conformance.selection import select_cases
 from conformance.session import BackendRun, check_families, open_backends
 from conformance.spec import SpecError, check_sizes
 from conformance.status import BROKEN
+from conformance.zygote import refusal
 
 
 def _check_run_inputs(args: argparse.Namespace) -> None:
@@ -48,19 +57,23 @@ def handle_run(args: argparse.Namespace) -> int:
     baseline = (load_accuracy(args.compare_accuracy, warn=lambda line: print(line, file=sys.stderr))
                 if args.compare_accuracy else None)
     jobs = job_count(args.jobs)
-    # named backends: the -j workers start loading the first while its probe runs
-    pool = (start_pool(jobs, len(cases) * len(args.backend), args.backend[0])
-            if args.backend and not args.in_process else None)
-    try:
-        backends = _open_backends(args)
-        if backends is None:
-            return 2
-        started = time.monotonic()
-        stop_on_signals()
-        report = run(backends, cases, settings, Progress(), jobs=jobs, pool=pool)
-    finally:
-        if pool is not None:
-            pool.close()
+    targets = args.backend or sorted(known_backends())
+    size = pool_size(jobs, len(cases) * len(targets))
+    with loaded_once(targets, args, pool_environment(size) if size else None):
+        # named backends: the -j workers start loading the first while its probe runs
+        pool = (start_pool(jobs, len(cases) * len(args.backend), args.backend[0])
+                if args.backend and not args.in_process else None)
+        try:
+            backends = _open_backends(args)
+            if backends is None:
+                return 2
+            started = time.monotonic()
+            stop_on_signals()
+            report = run(backends, cases, settings, Progress(), jobs=jobs, pool=pool)
+            spawned = {b.label: refusal(b.target) for b in backends} if forking(args) else {}
+        finally:
+            if pool is not None:
+                pool.close()
     protect_reports()
     if baseline is not None:
         report.results.extend(drift_results(report, baseline, args.drift_factor))
@@ -75,6 +88,9 @@ def handle_run(args: argparse.Namespace) -> int:
     for backend in backends:
         for note in backend.notes:
             print(f"{backend.label}: {note}")
+        if spawned.get(backend.label):
+            print(f"{backend.label}: its workers were spawned, not forked from one that loaded "
+                  f"it once: {spawned[backend.label]}")
     written = write_reports(report, args)
     sys.stdout.flush()
     if report.interrupted:
