@@ -84,6 +84,9 @@ def _import_module(module_name: str):
     path = Path(module_name).resolve()
     if not path.is_file():
         raise UnknownBackendError(f"backend file {module_name!r} does not exist")
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded  # once a process, as an installed module is (a forked worker's too)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module

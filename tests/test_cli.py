@@ -206,9 +206,11 @@ def test_parallel_run_matches_serial_and_survives_a_crashing_backend(tmp_path):
         cli("list", "--profile", "smoke").stdout.split())
 
 
-def test_parallel_workers_load_the_backend_while_its_probe_does(tmp_path):
-    """The -j workers open a named backend ahead: all three loads (the probe's and two
-    workers') are under way at one moment, where they used to follow one another."""
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_parallel_workers_load_the_backend_once_or_while_its_probe_does(tmp_path, fork):
+    """Forked from a zygote, the probe and the -j workers find the backend loaded once.
+    Spawned, the workers open it ahead: all three loads (the probe's and two workers') are
+    under way at one moment, where they used to follow one another."""
     source, loads = tmp_path / "slow_load.py", tmp_path / "loads.txt"
     source.write_text("import os, time\n"
                       "from conformance.backends.numpy_splitk import NumpySplitK\n\n"
@@ -217,9 +219,12 @@ def test_parallel_workers_load_the_backend_while_its_probe_does(tmp_path):
                       "    log.write(f'{began} {time.time()}\\n')\n\n"
                       "class SlowLoad(NumpySplitK):\n    name = 'slow-load'\n")
     result = cli("run", "--backend", f"{source}:SlowLoad", "-k", "basic/", "-j", "2",
-                 env={**os.environ, "LOADS": str(loads)})
+                 env={**os.environ, "LOADS": str(loads), "CONFORMANCE_FORK": fork})
     assert result.returncode == 0, result.stdout + result.stderr
     spans = [tuple(map(float, line.split())) for line in loads.read_text().splitlines()]
+    if fork == "1":
+        assert len(spans) == 1 and "not forked" not in result.stdout
+        return
     assert len(spans) == 3
     assert max(began for began, _ in spans) < min(ended for _, ended in spans)
 
