@@ -1,23 +1,17 @@
 """Backend workers forked from one process that has loaded the backend: a fork server.
 
-A fresh worker imports its backend's libraries before its first answer: torch, Triton and the
-adapter took 2-4 s a worker on a 16-core GPU machine, paid again by each of a ``-j 16`` run's
-workers and by every worker that replaces one a fault ended (docs/isolation.md). A *zygote*
-imports the backend's module once, touching no device, and forks each worker from there; the
-worker then makes its own CUDA context, as a spawned one would.
+A fresh worker imports its backend's libraries before its first answer (torch, Triton and the
+adapter: seconds), paid by each of a ``-j`` run's workers and by every worker that replaces
+one a fault ended. A *zygote* imports the backend's module once, touching no device, and
+forks each worker from there; the worker makes its own CUDA context, as a spawned one does.
 
-The zygote is an optimisation, never a requirement: it forks only while it is safe (a single
-thread, no CUDA driver initialised, the requester's environment the one it started with but
-for the GPU it is given), and a request it refuses, or one it does not answer in time, is
-spawned as before (``conformance.worker_process.Worker``). The import that a zygote makes is
-the backend's own code: if it hangs, crashes or starts threads, the zygote refuses or is gone,
-and the spawned worker meets the same fault where the harness already handles it.
-
-A forked worker is the zygote's child, not its owner's: its owner reaches it through a pidfd
-(its end, wherever it is), its process group (it starts a session, as a spawned worker does),
-and a status channel on which the zygote reports its exit status; the zygote reaps it only
-when the owner closes that channel, so its group id cannot be taken by another process while
-the owner may still signal it.
+It is an optimisation, never a requirement: it forks only while that is safe (one thread, no
+CUDA driver initialised, the requester's environment the one it started with but for the
+GPU), and a request it refuses or does not answer in time is spawned as before. A forked
+worker is the zygote's child: its owner reaches it through a pidfd and its process group,
+and the zygote reports its exit status on a channel of the owner's and reaps it only when
+the owner closes that channel, so its group id cannot be reused while the owner may signal
+it (docs/isolation.md).
 """
 
 from __future__ import annotations
@@ -158,10 +152,7 @@ def _address(target: str) -> str | None:
 
 
 def _read_all(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join(iter(lambda: sock.recv(4096), b""))
 
 
 # - the harness's side: a run's zygotes -
@@ -205,10 +196,9 @@ def _ended(started: list[subprocess.Popen], folder: str) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def worker_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+def worker_environment() -> dict[str, str]:
     """What a worker starts with: this environment, and this process's import path."""
-    base = dict(os.environ if base is None else base)
-    return {**base, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
 # - the zygote itself -
@@ -315,7 +305,7 @@ class _Server:
                     with contextlib.suppress(OSError):
                         while self.wake_read.recv(4096):
                             pass
-                elif not sock.recv(64):  # its owner let it go
+                elif not _received(sock):  # its owner let it go
                     sock.close()
                     self.children[channels[sock]] = None
             self._report()
@@ -377,6 +367,14 @@ class _Server:
                 code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
                 with contextlib.suppress(OSError):
                     status.sendall(_STATUS.pack(code))
+
+
+def _received(sock: socket.socket) -> bytes:
+    """What the owner wrote (nothing is expected); empty once it has closed its end."""
+    try:
+        return sock.recv(64)
+    except OSError:
+        return b""
 
 
 def _env_differs(env: dict[str, str], start_env: dict[str, str]) -> str | None:
