@@ -51,6 +51,9 @@
 #        (they once depended on the core count through OpenBLAS's threads)
 #   bash benchmarks/gpu_session.sh upload-rate         # issue 22: a pool of UPLOAD_GB to the GPU,
 #        pageable (.to) against the adapters' pinned chunks (backends/tensors.py), ROUNDS times
+#   bash benchmarks/gpu_session.sh speed-fork          # issue 22: SPEED_BACKEND's ci (and full
+#        unless FULL=0) with every worker spawned (CONFORMANCE_FORK=0) and forked from its
+#        zygote, in turn, ROUNDS times after a cold ci; then benchmarks/worker_start.py
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -438,6 +441,24 @@ for _ in range(rounds):
         print(f"{name}: {size / 1e9:.1f} GB in {seconds:.3f} s, {size / seconds / 1e9:.1f} GB/s, same {same}")
         del moved
 PY
+    ;;
+  speed-fork)
+    backend=${SPEED_BACKEND:-triton-splitkv}
+    jobs=${JOBS:-16}
+    timed "ci-$backend-cold" 300 --backend "$backend" --profile ci
+    for profile in ci $([[ ${FULL:-1} == 1 ]] && echo full); do
+      for round in $(seq "${ROUNDS:-2}"); do
+        for fork in 0 1; do
+          CONFORMANCE_FORK=$fork timed "$profile-$backend-fork$fork-$round" 300 \
+            --backend "$backend" --profile "$profile"
+        done
+      done
+    done
+    for how in "" --fork; do
+      python3 benchmarks/worker_start.py --backend "$backend" --workers "$jobs" $how \
+        | tee -a "$OUT/runs.txt"
+    done
+    grep -h "not forked" "$OUT"/*.log | sort | uniq -c | tee -a "$OUT/runs.txt"
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
