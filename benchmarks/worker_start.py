@@ -5,8 +5,8 @@
 Each worker times its phases: loading the backend (its imports and constructor), making its
 CUDA context, Triton's cache key (a hash of Triton's own files, once a process) and its first
 decode of a small ``ci`` case (the kernels loaded from the compile cache). Spawned, each does
-all of it, as a run's workers do; with ``--fork`` one parent loads the backend (no CUDA) and
-workers forked from it do the rest: what a pre-loaded parent would save (issue 22).
+all of it, as a run's workers do; with ``--fork`` one parent loads the backend as a zygote
+does (``conformance.zygote``: no CUDA) and workers forked from it do the rest (issue 22).
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ def load(target: str):
 
 
 def triton_key() -> None:
-    try:
-        from triton.compiler.compiler import triton_key as key
-    except ImportError:
-        from triton.runtime.cache import triton_key as key
+    from triton.runtime.cache import triton_key as key
+
     key()
 
 
@@ -84,20 +82,23 @@ def spawned(target: str, workers: int) -> list[dict]:
 
 
 def forked(target: str, workers: int) -> tuple[float, list[dict]]:
-    started = time.perf_counter()
-    backend = load(target)
-    triton_key()
-    import torch
+    """The parent loads as a zygote does (``preload_backend``); each child constructs the
+    backend ("load") and goes on."""
+    from conformance.zygote import preload_backend
 
-    if torch.cuda.is_initialized():
-        raise SystemExit("loading the backend made a CUDA context: it cannot be forked")
+    started = time.perf_counter()
+    refused = preload_backend(target)
+    if refused:
+        raise SystemExit(f"a zygote would not fork: {refused}")
     parent_load = time.perf_counter() - started
     readers = []
     for _ in range(workers):
         read, write = os.pipe()
         if os.fork() == 0:
             os.close(read)
-            clock = after_load(backend, time.perf_counter(), {"load": 0.0})
+            begun = time.perf_counter()
+            backend = load(target)
+            clock = after_load(backend, begun, {"load": time.perf_counter() - begun})
             os.write(write, json.dumps(clock).encode())
             os._exit(0)
         os.close(write)

@@ -59,13 +59,10 @@ class ForkedProcess:
         """Whether the worker has ended (the zygote said so), looked at without reaping it."""
         return self._read_status(0.0)
 
-    def wait(self, timeout: float | None = None) -> int | None:
+    def wait(self) -> int | None:
         """Its exit status, once it has ended; then the zygote may reap it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._read_status(0.05 if deadline is None
-                                    else max(0.0, min(0.05, deadline - time.monotonic()))):
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+        while not self._read_status(0.05):
+            pass
         with contextlib.suppress(OSError):
             self.status.close()
         return self.returncode
@@ -105,18 +102,9 @@ def forked_worker(target: str, channel: socket.socket, env: dict[str, str],
     wait = REPLY_WAIT if deadline is None else min(REPLY_WAIT, deadline - time.monotonic())
     out_read, out_write = os.pipe()
     mine, theirs = socket.socketpair()
-    request = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        request.settimeout(max(0.001, wait))
-        request.connect(path)
-        socket.send_fds(request, [json.dumps(env).encode()],
-                        [channel.fileno(), out_write, theirs.fileno()])
-        request.shutdown(socket.SHUT_WR)
-        reply = json.loads(_read_all(request) or b'{"refused": "no reply"}')
-    except (OSError, ValueError) as exc:
-        reply = {"refused": f"the zygote could not be reached: {exc}"}
+        reply = _ask(path, env, [channel.fileno(), out_write, theirs.fileno()], wait)
     finally:
-        request.close()
         os.close(out_write)
         theirs.close()
     if "pid" not in reply:
@@ -133,15 +121,20 @@ def refusal(target: str) -> str | None:
     path = _address(target)
     if path in _refused or not path:
         return _refused.get(path, "no zygote serves this run")
+    return _ask(path, {"state": True}, [], 5.0).get("refused")
+
+
+def _ask(path: str, message: dict, fds: list[int], wait: float) -> dict:
+    """The zygote's reply to ``message`` (with ``fds``): {"pid": ...} or {"refused": why}."""
     request = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        request.settimeout(5.0)
+        request.settimeout(max(0.001, wait))
         request.connect(path)
-        request.sendall(b'{"state": true}')
-        request.shutdown(socket.SHUT_WR)
-        return json.loads(_read_all(request)).get("refused")
+        socket.send_fds(request, [json.dumps(message).encode()], fds)
+        request.shutdown(socket.SHUT_WR)  # the whole request is sent
+        return json.loads(_read_all(request) or b'{"refused": "no reply"}')
     except (OSError, ValueError) as exc:
-        return f"its zygote does not answer ({exc})"
+        return {"refused": f"the zygote could not be reached: {exc}"}
     finally:
         request.close()
 
@@ -234,7 +227,7 @@ def _unsafe() -> str | None:
     return None
 
 
-def _load(target: str) -> str | None:
+def preload_backend(target: str) -> str | None:
     """Import the backend's module and what it preloads (not its availability check nor its
     constructor: those may use the device). Returns why forking is refused, or None."""
     try:
@@ -285,7 +278,7 @@ class _Server:
     def __init__(self, target: str, listener: int, start_env: dict[str, str]):
         self.start_env = start_env
         self.listener = socket.socket(fileno=listener)  # requests wait there while it loads
-        self.refused = _load(target)
+        self.refused = preload_backend(target)
         self.wake_read, self.wake_write = socket.socketpair()
         self.wake_read.setblocking(False)
         self.wake_write.setblocking(False)
