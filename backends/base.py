@@ -346,7 +346,11 @@ class Backend:
     def preload(cls) -> None:
         """Import what a worker needs before its first answer, touching no device and
         starting no thread: run once in the process its workers are forked from
-        (``conformance.zygote``), so that each does not import it again. Optional."""
+        (``conformance.zygote``), so that each does not import it again. Optional.
+
+        May be a generator: each ``yield`` ends a stage, each later stage runs in a fork,
+        and the workers are forked after the last stage that left the process safe to
+        fork from (``conformance.preload``): put what might start the CUDA driver last."""
 
     def unsupported_reason(self, case: Case) -> str | None:
         """Why a case is not claimed; override to add limits the capabilities can't say."""

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from conformance import blas_threads  # noqa: F401  (as the CLI: one BLAS thread, set first)
+
 PHASES = ("load", "cuda", "triton_key", "first_decode", "second_decode")
 
 
@@ -82,14 +84,17 @@ def spawned(target: str, workers: int) -> list[dict]:
 
 
 def forked(target: str, workers: int) -> tuple[float, list[dict]]:
-    """The parent loads as a zygote does (``preload_backend``); each child constructs the
-    backend ("load") and goes on."""
-    from conformance.zygote import preload_backend
+    """The parent loads as a zygote does (``load_deepest``: the process that goes on may be a
+    fork that kept more of the preload); each child constructs the backend ("load") and goes
+    on."""
+    from conformance.preload import load_deepest
 
     started = time.perf_counter()
-    refused = preload_backend(target)
-    if refused:
-        raise SystemExit(f"a zygote would not fork: {refused}")
+    loaded = load_deepest(target)
+    if loaded.refused:
+        raise SystemExit(f"a zygote would not fork: {loaded.refused}")
+    if loaded.partial:
+        print(f"a zygote would fork after part of the preload: {loaded.partial}", flush=True)
     parent_load = time.perf_counter() - started
     readers = []
     for _ in range(workers):

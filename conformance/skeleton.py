@@ -84,6 +84,8 @@ class {cls}(Backend):
     def preload(cls) -> None:
         # Optional: import your heavy libraries here (import torch), touching no GPU and
         # starting no thread: done once, and every worker of a run is forked from there.
+        # Unsure whether an import starts CUDA? Write this as a generator: each `yield`
+        # ends a stage, and the workers are forked after the last stage that left it safe.
         pass
 
     def unsupported_reason(self, case) -> str | None:

@@ -17,7 +17,6 @@ it (docs/isolation.md).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from conformance.parallel import spawned_with
+from conformance.preload import Loaded, end_with_parent, load_deepest, unsafe
 
 ZYGOTES_VARIABLE = "CONFORMANCE_ZYGOTES"  # {target: socket path}, for every process of a run
 SWITCH_VARIABLE = "CONFORMANCE_FORK"  # "0": every worker spawned, as before zygotes
@@ -118,10 +118,25 @@ def forked_worker(target: str, channel: socket.socket, env: dict[str, str],
 def refusal(target: str) -> str | None:
     """Why workers of ``target`` are spawned rather than forked, if so: in this process, or
     (asked of the zygote) in any process of the run; None where its zygote forks them."""
+    return _state(target).get("refused")
+
+
+def fork_note(target: str) -> str | None:
+    """What a run says of how ``target``'s workers were started, where not as it should be:
+    spawned after all, or forked after only part of the backend's preload."""
+    state = _state(target)
+    if state.get("refused"):
+        return f"its workers were spawned, not forked from one that loaded it once: " \
+               f"{state['refused']}"
+    return f"its workers were forked after part of its preload: {state['partial']}" \
+        if state.get("partial") else None
+
+
+def _state(target: str) -> dict:
     path = _address(target)
     if path in _refused or not path:
-        return _refused.get(path, "no zygote serves this run")
-    return _ask(path, {"state": True}, [], 5.0).get("refused")
+        return {"refused": _refused.get(path, "no zygote serves this run")}
+    return _ask(path, {"state": True}, [], 5.0)
 
 
 def _ask(path: str, message: dict, fds: list[int], wait: float) -> dict:
@@ -201,44 +216,6 @@ def worker_file() -> str:
     return str(Path(__file__).with_name("worker.py"))
 
 
-def _cuda_initialised() -> bool:
-    """Whether this process initialised the CUDA driver (a fork could not use it then)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return True
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
-    if "libcuda.so" not in maps:
-        return False
-    context = ctypes.c_void_p()
-    # any driver call but a few answers CUDA_ERROR_NOT_INITIALIZED (3) before cuInit
-    return ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(context)) != 3
-
-
-def _unsafe() -> str | None:
-    """Why this process must not fork a worker now, or None."""
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        return f"loading the backend left {threads} threads in the zygote"
-    if _cuda_initialised():
-        return "loading the backend initialised CUDA in the zygote"
-    return None
-
-
-def preload_backend(target: str) -> str | None:
-    """Import the backend's module and what it preloads (not its availability check nor its
-    constructor: those may use the device). Returns why forking is refused, or None."""
-    try:
-        from conformance.backends.registry import resolve
-
-        resolve(target).preload()
-    except BaseException as exc:  # the spawned worker meets it again, and reports it
-        return f"loading the backend raised {type(exc).__name__}: {str(exc)[:200]}"
-    return _unsafe()
-
-
 def _become_worker(channel: int, output: int, env: dict[str, str]) -> None:
     """In the forked child: a session of its own, its output to its owner's pipe, only its
     channel open, then the worker's loop; never back into the zygote's."""
@@ -275,10 +252,10 @@ def _become_worker(channel: int, output: int, env: dict[str, str]) -> None:
 class _Server:
     """The zygote's loop: fork on request, report its children's ends, reap on release."""
 
-    def __init__(self, target: str, listener: int, start_env: dict[str, str]):
+    def __init__(self, loaded: Loaded, listener: int, start_env: dict[str, str]):
         self.start_env = start_env
         self.listener = socket.socket(fileno=listener)  # requests wait there while it loads
-        self.refused = preload_backend(target)
+        self.refused, self.partial = loaded.refused, loaded.partial
         self.wake_read, self.wake_write = socket.socketpair()
         self.wake_read.setblocking(False)
         self.wake_write.setblocking(False)
@@ -316,9 +293,10 @@ class _Server:
                 message += _read_all(conn)  # the requester shuts its side after sending
                 env = json.loads(message)
                 if not fds and env == {"state": True}:  # asked whether it forks
-                    conn.sendall(json.dumps({"refused": self.refused or _unsafe()}).encode())
+                    conn.sendall(json.dumps({"refused": self.refused or unsafe(),
+                                             "partial": self.partial}).encode())
                     return
-                why = self.refused or _env_differs(env, self.start_env) or _unsafe()
+                why = self.refused or _env_differs(env, self.start_env) or unsafe()
                 if not why and len(fds) != 3:
                     why = "a request without its three descriptors"
                 if why:
@@ -381,10 +359,9 @@ def _env_differs(env: dict[str, str], start_env: dict[str, str]) -> str | None:
 def main() -> None:
     start_env = dict(os.environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the harness
+    end_with_parent()
     target, listener = sys.argv[1:3]
-    _Server(target, int(listener), start_env).serve()
+    _Server(load_deepest(target), int(listener), start_env).serve()
 
 
 if __name__ == "__main__":

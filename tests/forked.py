@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from conformance.backends.numpy_splitk import NumpySplitK
@@ -24,10 +26,12 @@ def seen() -> dict:
             "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
             "threads": len(os.listdir("/proc/self/task")),
             "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "preloaded": "tests.forked" in sys.modules and PRELOADED}
+            "preloaded": "tests.forked" in sys.modules and PRELOADED,
+            "stages": STAGES, "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")}
 
 
 PRELOADED = False
+STAGES: list[int] = []  # the stages of a staged preload this process ran or inherited
 
 
 class Reports(NumpySplitK):
@@ -72,3 +76,34 @@ class SlowPreload(Reports):
     @classmethod
     def preload(cls) -> None:
         time.sleep(3)
+
+
+class Staged(Reports):
+    """A preload of two stages, both safe: the workers are forked after both."""
+
+    name = "forked-staged"
+    second_stage = staticmethod(lambda: None)
+
+    @classmethod
+    def preload(cls) -> Iterator[None]:
+        global PRELOADED
+        PRELOADED = True
+        STAGES.append(1)
+        yield
+        STAGES.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and 2)
+        cls.second_stage()
+
+
+class StagedThreadAfter(Staged):
+    """Its second stage starts a thread: the workers are forked after the first."""
+
+    name = "forked-staged-thread-after"
+    second_stage = staticmethod(
+        lambda: threading.Thread(target=time.sleep, args=(1000,), daemon=True).start())
+
+
+class StagedCrashAfter(Staged):
+    """Its second stage ends its process (a crash in an import): forked after the first."""
+
+    name = "forked-staged-crash-after"
+    second_stage = staticmethod(lambda: os.kill(os.getpid(), signal.SIGSEGV))

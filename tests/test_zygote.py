@@ -53,6 +53,26 @@ def test_a_zygote_that_cannot_fork_safely_leaves_the_workers_spawned(tmp_path, b
                             for s in seen)
 
 
+@pytest.mark.parametrize("backend,kept,why", [
+    ("tests.forked:Staged", [1, 2], None),
+    ("tests.forked:StagedThreadAfter", [1], "stage 2 of its preload was not kept (loading "
+                                           "the backend left 2 threads in the zygote)"),
+    ("tests.forked:StagedCrashAfter", [1], "stage 2 of its preload was not kept (it ended "
+                                          "its process, exit status -11)"),
+])
+def test_a_staged_preload_is_kept_up_to_its_last_safe_stage(tmp_path, backend, kept, why):
+    result, seen = run_marked(tmp_path, backend, "-j", "2")
+    # each stage ran with torch counting GPUs by NVML, and no worker inherits that switch
+    assert seen and all(s["preloaded"] and "conformance.zygote" in s["parent"]
+                        and s["stages"] == kept and s["threads"] == 1
+                        and s["nvml_check"] is None for s in seen)
+    assert "spawned, not forked" not in result.stdout
+    if why:
+        assert f"its workers were forked after part of its preload: {why}" in result.stdout
+    else:
+        assert "forked after part" not in result.stdout
+
+
 def test_a_requester_whose_environment_differs_is_spawned(monkeypatch):
     with zygotes([REPORTS], env={"FORKED_EXTRA": "1"}):
         monkeypatch.setenv("FORKED_EXTRA", "2")  # a library may have read the first at import

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 
 import numpy as np
@@ -38,8 +39,8 @@ class TritonBackend(Backend):
         return runtime.unavailable_reason()
 
     @classmethod
-    def preload(cls) -> None:
-        runtime.preload()
+    def preload(cls) -> Iterator[None]:
+        return runtime.preload()
 
     def __init__(self) -> None:
         self.mode = runtime.select_mode()  # before any kernel module is imported

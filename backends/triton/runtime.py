@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
@@ -35,12 +36,15 @@ def select_mode() -> Mode:
     return Mode("cpu", True, 4)
 
 
-def preload() -> None:
-    """torch, and Triton where it will compile for a GPU; where it may be interpreted, not
-    Triton (``select_mode`` must come first). The GPUs are counted by NVML, which makes no
-    CUDA context, and a CUDA_VISIBLE_DEVICES that may hide them all imports no Triton."""
+def preload() -> Iterator[None]:
+    """torch; then, where Triton will compile for a GPU, Triton and its cache key; where it
+    may be interpreted, not Triton (``select_mode`` must come first). The GPUs are counted by
+    NVML, which makes no CUDA context, and a CUDA_VISIBLE_DEVICES that may hide them all
+    imports no Triton. Two stages: on an H100 (torch 2.11, Triton 3.6) the second left the
+    CUDA driver's thread in the zygote, and the zygote then keeps the first alone."""
     import torch
 
+    yield
     from conformance.parallel import gpu_count
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

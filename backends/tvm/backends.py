@@ -11,8 +11,10 @@ Set ``CONFORMANCE_TVM_AOT=DIR`` to run from an ahead-of-time build
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -57,7 +59,12 @@ class TvmBackend(Backend):
                                                     "multi_token", "draft_mask"}))
 
     @classmethod
-    def preload(cls) -> None:
+    def preload(cls) -> Iterator[None]:
+        """torch where installed; then tvm, a stage of its own: its tvm_ffi imports torch and
+        asks ``torch.cuda.is_available()`` on import."""
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401
+        yield
         kernels.import_tvm()
         import tvm_ffi  # noqa: F401
 

@@ -26,7 +26,7 @@ from conformance.selection import select_cases
 from conformance.session import BackendRun, check_families, open_backends
 from conformance.spec import SpecError, check_sizes
 from conformance.status import BROKEN
-from conformance.zygote import refusal
+from conformance.zygote import fork_note
 
 
 def _check_run_inputs(args: argparse.Namespace) -> None:
@@ -70,7 +70,7 @@ def handle_run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             stop_on_signals()
             report = run(backends, cases, settings, Progress(), jobs=jobs, pool=pool)
-            spawned = {b.label: refusal(b.target) for b in backends} if forking(args) else {}
+            how_started = {b.label: fork_note(b.target) for b in backends} if forking(args) else {}
         finally:
             if pool is not None:
                 pool.close()
@@ -88,9 +88,8 @@ def handle_run(args: argparse.Namespace) -> int:
     for backend in backends:
         for note in backend.notes:
             print(f"{backend.label}: {note}")
-        if spawned.get(backend.label):
-            print(f"{backend.label}: its workers were spawned, not forked from one that loaded "
-                  f"it once: {spawned[backend.label]}")
+        if how_started.get(backend.label):
+            print(f"{backend.label}: {how_started[backend.label]}")
     written = write_reports(report, args)
     sys.stdout.flush()
     if report.interrupted:
