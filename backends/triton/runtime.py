@@ -41,7 +41,8 @@ def preload() -> Iterator[None]:
     may be interpreted, not Triton (``select_mode`` must come first). The GPUs are counted by
     NVML, which makes no CUDA context, and a CUDA_VISIBLE_DEVICES that may hide them all
     imports no Triton. Two stages: on an H100 (torch 2.11, Triton 3.6) the second left the
-    CUDA driver's thread in the zygote, and the zygote then keeps the first alone."""
+    CUDA driver's thread in the zygote (which of its steps is not known), and the zygote
+    then keeps the first alone."""
     import torch
 
     yield
