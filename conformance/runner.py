@@ -8,6 +8,7 @@ whole run, serial or over ``-j`` worker processes.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -119,6 +120,28 @@ def crashed_record(backend: BackendRun, case: Case, settings: RunSettings,
     return CaseRecord(placed(backend, case, died, settings))
 
 
+# what CUDA, torch and the libraries say when the device's memory runs out
+OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|"
+                           r"CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
+RAN_ALONE = ("it ran out of device memory beside other cases: run again alone, once every "
+             "other worker had ended")
+
+
+def out_of_memory(record: CaseRecord) -> bool:
+    """Whether an error of this case was the device's memory running out: in a parallel
+    run, possibly what its neighbours held rather than what it needs."""
+    return any(r.status is Status.ERROR and OUT_OF_MEMORY.search(r.message or "")
+               for r in record.results)
+
+
+def run_alone(backend: BackendRun, case: Case, settings: RunSettings) -> CaseRecord:
+    """A case again, in this process's own worker, with no other worker alive: its verdict
+    must not depend on what other cases held on a shared device."""
+    record = evaluate_case(backend, case, settings)
+    record.restarts.insert(0, RAN_ALONE)
+    return record
+
+
 def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
         progress: Callable[[int, int, str, int], None] | None = None,
         jobs: int = 1, pool: Pool | None = None) -> RunReport:
@@ -126,6 +149,7 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
 
     With ``jobs > 1`` cases go to worker processes (``conformance.parallel``; ``pool``: ones
     started already, by ``start_pool``), each backend's largest (``Case.problem_bytes``) first;
+    a case that ran out of device memory there runs again alone after them (``run_alone``);
     results are reported in the same order as a serial run. ``progress(done, total, label,
     failing)`` hears of each finished case, with the unexpected failures so far.
     """
@@ -155,6 +179,11 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
                      jobs, done, crashed, pool,
                      longest_first([case.problem_bytes for _, case in tasks],
                                    [b for b in range(len(backends)) for _ in cases]))
+            again = sorted(i for i, record in collected.items() if out_of_memory(record))
+            if again and pool is not None:
+                pool.close()  # its workers, and what they hold on the device, end first
+            for index in again:
+                collected[index] = run_alone(*tasks[index], settings)
         else:
             for index, (backend, case) in enumerate(tasks):
                 done(index, evaluate_case(backend, case, settings))

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -385,3 +386,35 @@ class NotesItsCacheDirs(NumpySplitK):
         from conformance.caches import CACHE_VARIABLES
 
         return [f"{variable}={os.environ.get(variable, '')}" for variable in CACHE_VARIABLES]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+class OutOfMemoryBesideOthers(Misbehaves):
+    """Runs out of device memory on the trigger cases while another worker of it lives (as
+    a GPU does when its neighbours hold the memory); alone, it computes them correctly.
+    Each worker registers its pid in ``$HOSTILE_WORKERS``."""
+
+    name = "hostile-oom-beside-others"
+
+    def __init__(self):
+        super().__init__()
+        self.workers = Path(os.environ["HOSTILE_WORKERS"])
+        (self.workers / str(os.getpid())).touch()
+
+    def misbehave(self, problem):
+        deadline = time.monotonic() + 10  # a -j 2 pool's other worker has started by then
+        while len(list(self.workers.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        others = [int(p.name) for p in self.workers.iterdir() if int(p.name) != os.getpid()]
+        for _ in range(10):  # another that lives on through 1 s shares the device with us
+            if not any(_alive(pid) for pid in others):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                           "total capacity of 79.19 GiB of which 1.12 GiB is free.")

@@ -423,6 +423,33 @@ def test_a_lost_device_costs_what_a_python_error_costs(tmp_path, jobs):
     assert any("the worker was replaced" in m for m in messages(lost, BAD))
 
 
+def test_a_case_out_of_device_memory_beside_others_runs_again_alone(tmp_path):
+    # with -j 2 the trigger cases run out of memory while the other worker lives; its
+    # verdict must be the case's own: run again once the pool has ended, they pass
+    workers = tmp_path / "workers"
+    workers.mkdir()
+    env = {**os.environ, "HOSTILE_WORKERS": str(workers)}
+    result, report = run_with_reports(tmp_path, "OutOfMemoryBesideOthers", "-j", "2", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert statuses(report, BAD) == statuses(report, GOOD) == {"passed"}
+    again = {e["case"] for e in report["worker_restarts"]
+             if any("run again alone" in reason for reason in e["reasons"])}
+    assert again and all(BAD in case for case in again)
+    assert "run again alone" in result.stdout
+    # out of memory alone too (this test's process counts as a worker that never ends): the
+    # case's own error, kept after its second run; a serial run has no neighbours to blame
+    for jobs, rerun in (("2", True), ("1", False)):
+        (tmp_path / jobs / "workers").mkdir(parents=True)
+        (tmp_path / jobs / "workers" / str(os.getpid())).touch()
+        env["HOSTILE_WORKERS"] = str(tmp_path / jobs / "workers")
+        result, report = run_with_reports(tmp_path / jobs, "OutOfMemoryBesideOthers",
+                                          "-j", jobs, env=env)
+        assert result.returncode == 1 and statuses(report, BAD) == {"error"}
+        assert all("CUDA out of memory" in m for m in messages(report, BAD)
+                   if not m.startswith("not run"))
+        assert bool(report["worker_restarts"]) is rerun
+
+
 def test_a_hang_costs_one_timeout_per_case_under_pytest(tmp_path):
     xml = tmp_path / "r.xml"
     started = time.monotonic()
