@@ -183,6 +183,9 @@ def run(backends: list[BackendRun], cases: list[Case], settings: RunSettings,
             if again and pool is not None:
                 pool.close()  # its workers, and what they hold on the device, end first
             for index in again:
+                for other in backends:  # one worker alive: the one the case runs in
+                    if other is not tasks[index][0]:
+                        other.disconnect()
                 collected[index] = run_alone(*tasks[index], settings)
         else:
             for index, (backend, case) in enumerate(tasks):
