@@ -7,7 +7,8 @@ forks each worker from there; the worker makes its own CUDA context, as a spawne
 
 It is an optimisation, never a requirement: it forks only while that is safe (one thread, no
 CUDA driver initialised, the requester's environment the one it started with but for the
-GPU), and a request it refuses or does not answer in time is spawned as before. A forked
+GPU), after as much of the backend's preload as left it so (``conformance.preload``), and a
+request it refuses or does not answer in time is spawned as before. A forked
 worker is the zygote's child: its owner reaches it through a pidfd and its process group,
 and the zygote reports its exit status on a channel of the owner's and reaps it only when
 the owner closes that channel, so its group id cannot be reused while the owner may signal
