@@ -458,7 +458,7 @@ PY
       python3 benchmarks/worker_start.py --backend "$backend" --workers "$jobs" $how \
         | tee -a "$OUT/runs.txt"
     done
-    grep -h "not forked" "$OUT"/*.log | sort | uniq -c | tee -a "$OUT/runs.txt"
+    grep -h -E "not forked|forked after part" "$OUT"/*.log | sort | uniq -c | tee -a "$OUT/runs.txt"
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
