@@ -78,14 +78,15 @@ class ForkedProcess:
             self.returncode = _STATUS.unpack(data)[0]
             return True
         # the zygote is gone: it no longer reports; the worker's end is read from /proc
-        if not os.path.exists(f"/proc/{self.pid}") or _is_zombie(self.pid):
+        if has_ended(self.pid):
             self.lost = True
             return True
         time.sleep(wait)
         return False
 
 
-def _is_zombie(pid: int) -> bool:
+def has_ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie, without reaping it."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
     except (OSError, IndexError):
@@ -116,15 +117,10 @@ def forked_worker(target: str, channel: socket.socket, env: dict[str, str],
     return ForkedProcess(int(reply["pid"]), out_read, mine)
 
 
-def refusal(target: str) -> str | None:
-    """Why workers of ``target`` are spawned rather than forked, if so: in this process, or
-    (asked of the zygote) in any process of the run; None where its zygote forks them."""
-    return _state(target).get("refused")
-
-
 def fork_note(target: str) -> str | None:
     """What a run says of how ``target``'s workers were started, where not as it should be:
-    spawned after all, or forked after only part of the backend's preload."""
+    spawned after all (why: in this process, or, asked of the zygote, in any process of the
+    run), or forked after only part of the backend's preload; None where all is well."""
     state = _state(target)
     if state.get("refused"):
         return f"its workers were spawned, not forked from one that loaded it once: " \

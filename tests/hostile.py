@@ -18,6 +18,7 @@ import numpy as np
 
 from conformance.backends.base import AttentionState
 from conformance.backends.numpy_splitk import NumpySplitK
+from conformance.zygote import has_ended
 
 
 def triggered(problem) -> bool:
@@ -388,13 +389,6 @@ class NotesItsCacheDirs(NumpySplitK):
         return [f"{variable}={os.environ.get(variable, '')}" for variable in CACHE_VARIABLES]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except (OSError, IndexError):
-        return False
-
-
 class OutOfMemoryBesideOthers(Misbehaves):
     """Runs out of device memory on the trigger cases while another worker of it lives (as
     a GPU does when its neighbours hold the memory); alone, it computes them correctly.
@@ -413,7 +407,7 @@ class OutOfMemoryBesideOthers(Misbehaves):
             time.sleep(0.05)
         others = [int(p.name) for p in self.workers.iterdir() if int(p.name) != os.getpid()]
         for _ in range(10):  # another that lives on through 1 s shares the device with us
-            if not any(_alive(pid) for pid in others):
+            if all(has_ended(pid) for pid in others):
                 return
             time.sleep(0.1)
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conformance.worker_process import Worker
-from conformance.zygote import ForkedProcess, refusal, zygotes
+from conformance.zygote import ForkedProcess, fork_note, zygotes
 from tests.run_cli import cli
 
 SINKS = ("--profile", "smoke", "-k", "sinks/")
@@ -79,7 +79,7 @@ def test_a_requester_whose_environment_differs_is_spawned(monkeypatch):
         worker = Worker(REPORTS)
         try:
             assert not isinstance(worker.process, ForkedProcess)
-            assert "differs in FORKED_EXTRA" in refusal(REPORTS)
+            assert "differs in FORKED_EXTRA" in fork_note(REPORTS)
         finally:
             worker.end()
 
@@ -134,7 +134,7 @@ def test_a_zygote_too_slow_for_the_deadline_is_passed_by_and_its_late_fork_serve
         worker = Worker(slow, time.monotonic() + 0.5)
         try:
             assert not isinstance(worker.process, ForkedProcess)
-            assert "timed out" in refusal(slow)
+            assert "timed out" in fork_note(slow)
             worker.send(("open", slow), None)
             assert worker.receive(time.monotonic() + 30) == ["ok", None, None]
             time.sleep(4)  # the zygote has loaded, and forked for the request it was sent
