@@ -37,25 +37,30 @@ def select_mode() -> Mode:
 
 
 def preload() -> Iterator[None]:
-    """torch; then, where Triton will compile for a GPU, Triton and its cache key; where it
-    may be interpreted, not Triton (``select_mode`` must come first). The GPUs are counted by
-    NVML, which makes no CUDA context, and a CUDA_VISIBLE_DEVICES that may hide them all
-    imports no Triton. Two stages: on an H100 (torch 2.11, Triton 3.6) the second left the
-    CUDA driver's thread in the zygote (which of its steps is not known), and the zygote
-    then keeps the first alone."""
+    """torch; then, where Triton will compile for a GPU, the GPU count, Triton's import and its
+    cache key, a stage each; where it may be interpreted, not Triton (``select_mode`` must come
+    first). The GPUs are counted by NVML, which makes no CUDA context, and a
+    CUDA_VISIBLE_DEVICES that may hide them all imports no Triton. A stage each because on an
+    H100 (torch 2.11, Triton 3.6) the three as one left the CUDA driver's thread in the
+    zygote: the zygote keeps the stages before the one that does, and says which it was."""
     import torch
 
     yield
-    from conformance.parallel import gpu_count
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     shown = visible is None or all(d.strip() and not d.strip().startswith("-")
                                    for d in visible.split(","))
-    if (torch.version.cuda and shown and gpu_count()
+    if not (torch.version.cuda and shown
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")):
-        from triton.runtime.cache import triton_key
+        return
+    from conformance.parallel import gpu_count
 
-        triton_key()  # a hash of Triton's own files, once a process
+    if not gpu_count():
+        return
+    yield
+    from triton.runtime.cache import triton_key
+
+    yield
+    triton_key()  # a hash of Triton's own files, once a process
 
 
 def unavailable_reason() -> str | None:
