@@ -62,11 +62,11 @@ def load_deepest(target: str) -> Loaded:
         os.close(write)
         with os.fdopen(read, "rb") as verdict:
             why = verdict.read().decode()
-        if why == "kept":  # the fork serves from here on; this process ends when it does
-            _, status = os.waitpid(pid, 0)
-            os._exit(max(0, os.waitstatus_to_exitcode(status)))
-        _, status = os.waitpid(pid, 0)
-        why = why or f"it ended its process, exit status {os.waitstatus_to_exitcode(status)}"
+        # kept: the fork serves from here on, and this process ends when it does
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if why == "kept":
+            os._exit(max(0, status))
+        why = why or f"it ended its process, exit status {status}"
         return Loaded(partial=f"stage {done + 1} of its preload was not kept ({why}); "
                               f"its workers are forked after stage {done}")
     return Loaded()

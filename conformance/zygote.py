@@ -123,10 +123,11 @@ def fork_note(target: str) -> str | None:
     run), or forked after only part of the backend's preload; None where all is well."""
     state = _state(target)
     if state.get("refused"):
-        return f"its workers were spawned, not forked from one that loaded it once: " \
-               f"{state['refused']}"
-    return f"its workers were forked after part of its preload: {state['partial']}" \
-        if state.get("partial") else None
+        return ("its workers were spawned, not forked from one that loaded it once: "
+                f"{state['refused']}")
+    if state.get("partial"):
+        return f"its workers were forked after part of its preload: {state['partial']}"
+    return None
 
 
 def _state(target: str) -> dict:
