@@ -54,6 +54,7 @@
 #   bash benchmarks/gpu_session.sh speed-fork          # issue 22: SPEED_BACKEND's ci (and full
 #        unless FULL=0) with every worker spawned (CONFORMANCE_FORK=0) and forked from its
 #        zygote, in turn, ROUNDS times after a cold ci; then benchmarks/worker_start.py
+#        (spawned, forked, each with and without the early CUDA context)
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -454,7 +455,7 @@ PY
         done
       done
     done
-    for how in "" --fork; do
+    for how in "" --fork "--early-context" "--fork --early-context"; do
       python3 benchmarks/worker_start.py --backend "$backend" --workers "$jobs" $how \
         | tee -a "$OUT/runs.txt"
     done
