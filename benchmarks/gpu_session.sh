@@ -54,7 +54,9 @@
 #   bash benchmarks/gpu_session.sh speed-fork          # issue 22: SPEED_BACKEND's ci (and full
 #        unless FULL=0) with every worker spawned (CONFORMANCE_FORK=0) and forked from its
 #        zygote, in turn, ROUNDS times after a cold ci; then benchmarks/worker_start.py
-#        (spawned, forked, each with and without the early CUDA context)
+#        (spawned, forked, each with and without the early CUDA context); EARLY="1 0": the
+#        runs with the Triton backends' early CUDA context and key (runtime.start_early) and
+#        without, in turn
 #   bash benchmarks/gpu_session.sh speed-profile       # issue 22: SPEED_BACKEND's ci cold,
 #        warm, then warm with every process profiled (profile-report-*.txt, profile.tar.gz)
 # For flashinfer and flashinfer-tc carry .flashinfer/ (benchmarks/flashinfer_carry.sh).
@@ -450,8 +452,11 @@ PY
     for profile in ci $([[ ${FULL:-1} == 1 ]] && echo full); do
       for round in $(seq "${ROUNDS:-2}"); do
         for fork in 0 1; do
-          CONFORMANCE_FORK=$fork timed "$profile-$backend-fork$fork-$round" 300 \
-            --backend "$backend" --profile "$profile"
+          for early in ${EARLY:-1}; do
+            CONFORMANCE_FORK=$fork CONFORMANCE_EARLY_CONTEXT=$early \
+              timed "$profile-$backend-fork$fork-early$early-$round" 300 \
+              --backend "$backend" --profile "$profile"
+          done
         done
       done
     done

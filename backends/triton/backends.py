@@ -44,6 +44,7 @@ class TritonBackend(Backend):
 
     def __init__(self) -> None:
         self.mode = runtime.select_mode()  # before any kernel module is imported
+        runtime.start_early(self.mode)
 
     def unsupported_reason(self, case) -> str | None:
         if self.mode.interpreted and case.dtype == "bfloat16":
