@@ -38,6 +38,24 @@ def gpu_count() -> int:
     return count.value if found else 0
 
 
+def gpu_count_apart() -> int:
+    """``gpu_count`` asked in a forked child, for a process that forks workers later (a
+    zygote): NVML leaves a thread of its own behind in the process that asks (an H100,
+    2026-12-07), and a process with a second thread must not fork."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, str(gpu_count()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        told = answer.read()
+    os.waitpid(pid, 0)
+    return int(told) if told.isdigit() else 0
+
+
 def gpu_environment(worker: int) -> dict[str, str]:
     """One GPU per worker, round-robin, when the machine has several (CUDA_VISIBLE_DEVICES)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -143,3 +143,19 @@ def test_a_zygote_too_slow_for_the_deadline_is_passed_by_and_its_late_fork_serve
                 assert worker.receive(time.monotonic() + 30) == ["ok", "cpu", None]
         finally:
             worker.end()
+
+
+def test_gpus_counted_apart_leave_no_thread_behind(monkeypatch):
+    """NVML leaves a thread in the process that asks it (an H100): a zygote asks a fork."""
+    import threading
+
+    from conformance import parallel
+
+    def counting_with_a_thread() -> int:
+        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        return 3
+
+    monkeypatch.setattr(parallel, "gpu_count", counting_with_a_thread)
+    before = set(threading.enumerate())
+    assert parallel.gpu_count_apart() == 3
+    assert set(threading.enumerate()) - before == set()

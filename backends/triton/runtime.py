@@ -40,10 +40,11 @@ def select_mode() -> Mode:
 def preload() -> Iterator[None]:
     """torch; then, where Triton will compile for a GPU, the GPU count, Triton's import and its
     cache key, a stage each; where it may be interpreted, not Triton (``select_mode`` must come
-    first). The GPUs are counted by NVML, which makes no CUDA context, and a
-    CUDA_VISIBLE_DEVICES that may hide them all imports no Triton. A stage each because on an
-    H100 (torch 2.11, Triton 3.6) the three as one left the CUDA driver's thread in the
-    zygote: the zygote keeps the stages before the one that does, and says which it was."""
+    first). The GPUs are counted by NVML, which makes no CUDA context, in a forked child
+    (NVML's own thread stays there), and a CUDA_VISIBLE_DEVICES that may hide them all
+    imports no Triton. A stage each because on an H100 (torch 2.11, Triton 3.6) the three
+    as one left a thread in the zygote, and counting in the zygote itself was the step that
+    did (2026-12-07): the zygote keeps the stages before the one that does, and says which."""
     import torch
 
     yield
@@ -53,9 +54,9 @@ def preload() -> Iterator[None]:
     if not (torch.version.cuda and shown
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")):
         return
-    from conformance.parallel import gpu_count
+    from conformance.parallel import gpu_count_apart
 
-    if not gpu_count():
+    if not gpu_count_apart():
         return
     yield
     from triton.runtime.cache import triton_key
