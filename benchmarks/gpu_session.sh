@@ -460,7 +460,7 @@ PY
         done
       done
     done
-    for how in "" --fork "--early-context" "--fork --early-context"; do
+    for how in "" --fork "--late-context" "--fork --late-context"; do
       python3 benchmarks/worker_start.py --backend "$backend" --workers "$jobs" $how \
         | tee -a "$OUT/runs.txt"
     done

@@ -1,16 +1,16 @@
 """What a fresh backend worker costs before its first result, N of them side by side.
 
     python benchmarks/worker_start.py --backend triton-splitkv --workers 16 [--fork]
-        [--early-context]
+        [--late-context]
 
 Each worker times its phases: loading the backend (its imports and constructor), making its
 CUDA context, Triton's cache key (a hash of Triton's own files, once a process) and its first
 decode of a small ``ci`` case (the kernels loaded from the compile cache). Spawned, each does
 all of it, as a run's workers do; with ``--fork`` one parent loads the backend as a zygote
 does (``conformance.zygote``: no CUDA) and workers forked from it do the rest (issue 22).
-With ``--early-context`` each worker makes its CUDA context in a thread from its first moment,
-beside its load and Triton's key: whether the driver's work overlaps the Python work (the
-"cuda" phase is then what is left to wait for).
+A Triton backend starts its CUDA context and Triton's key in threads when it is constructed
+(``runtime.start_early``), so its "cuda" phase is what is left to wait for;
+``--late-context`` turns that off (``CONFORMANCE_EARLY_CONTEXT=0``), for the difference.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 from conformance import blas_threads  # noqa: F401  (as the CLI: one BLAS thread, set first)
@@ -41,27 +40,9 @@ def triton_key() -> None:
     key()
 
 
-def make_context() -> None:
+def after_load(backend, started: float, clock: dict[str, float]) -> dict[str, float]:
+    """The phases after the load, timed in this process; ``clock`` holds those before."""
     import torch
-
-    if torch.cuda.is_available():  # else a CPU backend: no context to make
-        torch.empty(1, device="cuda")
-        torch.cuda.synchronize()
-
-
-def early_context(early: bool) -> threading.Thread | None:
-    """With ``early``, the CUDA context made by a thread started now."""
-    if not early:
-        return None
-    thread = threading.Thread(target=make_context, name="early CUDA context")
-    thread.start()
-    return thread
-
-
-def after_load(backend, started: float, clock: dict[str, float],
-               context: threading.Thread | None = None) -> dict[str, float]:
-    """The phases after the load, timed in this process; ``clock`` holds those before;
-    ``context``: the thread making the CUDA context, if one was started."""
 
     from conformance.materialise import materialise
     from conformance.problem import poisoned_outputs
@@ -75,15 +56,12 @@ def after_load(backend, started: float, clock: dict[str, float],
         now = time.perf_counter()
         clock[name] = now - mark
         mark = now
-    if context is None:
-        make_context()
+    if torch.cuda.is_available():  # else a CPU backend: no context to make
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
     phase("cuda")
     triton_key()
     phase("triton_key")
-    if context is not None:
-        context.join()
-        clock["cuda"] += time.perf_counter() - mark
-        mark = time.perf_counter()
     case = next(c for c in select_cases(default_spec(), "ci", ["basic"])
                 if c.dtype == "float16")
     problem = materialise(case)
@@ -96,22 +74,20 @@ def after_load(backend, started: float, clock: dict[str, float],
     return clock
 
 
-def child(target: str, early: bool) -> None:
+def child(target: str) -> None:
     started = time.perf_counter()
-    context = early_context(early)
     backend = load(target)
-    clock = after_load(backend, started, {"load": time.perf_counter() - started}, context)
+    clock = after_load(backend, started, {"load": time.perf_counter() - started})
     print(json.dumps(clock), flush=True)
 
 
-def spawned(target: str, workers: int, early: bool) -> list[dict]:
-    flag = ["--early-context"] if early else []
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", target, *flag],
+def spawned(target: str, workers: int) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", target],
                               stdout=subprocess.PIPE, text=True) for _ in range(workers)]
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
 
 
-def forked(target: str, workers: int, early: bool) -> tuple[float, list[dict]]:
+def forked(target: str, workers: int) -> tuple[float, list[dict]]:
     """The parent loads as a zygote does (``load_deepest``: the process that goes on may be a
     fork that kept more of the preload); each child constructs the backend ("load") and goes
     on."""
@@ -130,9 +106,8 @@ def forked(target: str, workers: int, early: bool) -> tuple[float, list[dict]]:
         if os.fork() == 0:
             os.close(read)
             begun = time.perf_counter()
-            context = early_context(early)
             backend = load(target)
-            clock = after_load(backend, begun, {"load": time.perf_counter() - begun}, context)
+            clock = after_load(backend, begun, {"load": time.perf_counter() - begun})
             os.write(write, json.dumps(clock).encode())
             os._exit(0)
         os.close(write)
@@ -151,12 +126,14 @@ def main() -> None:
     parser.add_argument("--backend", default="triton-splitkv")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--fork", action="store_true")
-    parser.add_argument("--early-context", action="store_true")
+    parser.add_argument("--late-context", action="store_true")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.early_context)
+        child(args.child)
         return
+    if args.late_context:
+        os.environ["CONFORMANCE_EARLY_CONTEXT"] = "0"
     if not os.environ.get("WORKER_START_CACHES"):  # the run's caches, Python's own included:
         from conformance.caches import use_cache_dir  # set before this Python starts
 
@@ -165,11 +142,11 @@ def main() -> None:
         os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:]])
     started = time.perf_counter()
     if args.fork:
-        parent, results = forked(args.backend, args.workers, args.early_context)
+        parent, results = forked(args.backend, args.workers)
     else:
-        parent, results = 0.0, spawned(args.backend, args.workers, args.early_context)
+        parent, results = 0.0, spawned(args.backend, args.workers)
     wall = time.perf_counter() - started
-    way = ("forked" if args.fork else "spawned") + (", early context" if args.early_context
+    way = ("forked" if args.fork else "spawned") + (", late context" if args.late_context
                                                      else "")
     line = [f"{way} x{args.workers}: wall {wall:.2f} s (parent's load {parent:.2f} s)"]
     for name in (*PHASES, "total"):
