@@ -464,7 +464,9 @@ PY
       python3 benchmarks/worker_start.py --backend "$backend" --workers "$jobs" $how \
         | tee -a "$OUT/runs.txt"
     done
-    grep -h -E "not forked|forked after part" "$OUT"/*.log | sort | uniq -c | tee -a "$OUT/runs.txt"
+    # the runs' fork notes; none: every worker was forked after the zygote's whole preload
+    { grep -h -E "not forked|forked after part" "$OUT"/*.log | sort | uniq -c \
+      || echo "no fork note: every forked worker had the whole preload"; } | tee -a "$OUT/runs.txt"
     ;;
   speed-profile)
     # issue 22: where a warm ci run's time goes on the GPU: SPEED_BACKEND's ci cold (to fill
