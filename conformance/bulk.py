@@ -163,8 +163,10 @@ def empty_pool(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             if _spare[i].nbytes >= nbytes and _references(_spare, i) == _ALONE]
     if free:
         buffer = _spare[min(free, key=lambda i: _spare[i].nbytes)]
-    else:
-        buffer = np.empty(nbytes, np.uint8)
+    else:  # to a power of two: the room costs address space, not memory (pages come as they
+        # are written), and a later pool a little larger fits (a case's neighbours variant
+        # is a page or two larger than its other layouts; GQA as MHA, its group size times)
+        buffer = np.empty(1 << (nbytes - 1).bit_length(), np.uint8)
         _spare.append(buffer)
     return buffer[:nbytes].view(dtype).reshape(shape)
 

@@ -271,18 +271,24 @@ class _SharingPickler(pickle.Pickler):
         return None
 
 
-def pack_message(message: Any, arena: Arena | None = None, slot: int = 0
+def pack_message(message: Any, arena: Arena | None = None, slot: int = 0, like: int = 0
                  ) -> tuple[bytes, Segment]:
     """A message as a pickle whose arrays lie in ``arena``, or in a new arena of ``slot`` when
     it is missing or does not fit (``segment.arena`` then differs: its descriptor goes with
-    the message). A message without arrays uses no arena."""
+    the message). A message without arrays uses no arena.
+
+    A new arena is at least ``like`` bytes (the worker's largest) unless the message needs
+    less than an eighth of that: a large case's calls grow both slots, and a slot grown one
+    call at a time (128, 256, 512 MiB) faulted in the pages of each; unwritten room costs
+    address space, not memory."""
     stream = io.BytesIO()
     pickler = _SharingPickler(stream)
     pickler.dump(message)
     layout = _layout(pickler.arrays)
     slot = arena.slot if arena is not None else slot
-    if pickler.arrays and (arena is None or not arena.takes(_extent(layout))):
-        arena = Arena(_extent(layout), slot)
+    extent = _extent(layout)
+    if pickler.arrays and (arena is None or not arena.takes(extent)):
+        arena = Arena(max(extent, like) if extent * 8 >= like else extent, slot)
     segment = Segment(pickler.arrays, arena if pickler.arrays else None)
     header = pickle.dumps((slot, segment.layout), protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(header)) + header + stream.getvalue(), segment

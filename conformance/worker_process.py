@@ -86,7 +86,8 @@ class Worker:
         self.number = secrets.randbits(62)  # unguessable: a forged reply cannot match it
         slot = next(s for s in range(DEPTH) if s not in self.out.values())
         arena = self.arenas[slot]
-        payload, segment = pack_message((self.number, message), arena, slot)
+        largest = max((a.size for a in self.arenas if a is not None), default=0)
+        payload, segment = pack_message((self.number, message), arena, slot, largest)
         fresh = segment.arena if segment.arena is not arena else None
         self.out[self.number] = slot
         try:

@@ -98,6 +98,18 @@ def test_a_pool_is_handed_out_again_only_once_nothing_references_it(monkeypatch)
     assert _address(empty_pool((4, 8), np.float32)) != _address(outside[0])
 
 
+def test_a_pool_leaves_room_to_a_power_of_two_for_a_larger_one(monkeypatch):
+    """A case's neighbours variant is a page or two larger than its other layouts: it
+    reuses their memory instead of faulting in fresh pages (issue 22)."""
+    monkeypatch.setattr(bulk, "BULK_BYTES", 0)
+    with recycling():
+        first = empty_pool((33,), np.float32)  # 132 bytes, in a buffer of 256
+        where = _address(first)
+        del first
+        assert _address(empty_pool((64,), np.float32)) == where
+        assert _address(empty_pool((65,), np.float32)) != where  # past its 256 bytes
+
+
 @pytest.fixture
 def tilings(monkeypatch):
     """Every pool a tiled one, read in stamps of 96 bytes (a block of 3 rows is 60 bytes)."""

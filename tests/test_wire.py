@@ -132,6 +132,18 @@ def test_requests_reuse_one_arena_that_the_worker_maps_once():
     assert pack_message(("call", "notes", ()))[1].arena is None  # no arrays, no arena
 
 
+def test_a_new_arena_is_as_large_as_the_workers_largest_unless_the_message_is_small():
+    """A slot grown call by call faulted in each size's pages (issue 22); a message of an
+    eighth or more of the worker's largest arena gets one that large at once."""
+    like = 1 << 24
+    message = np.zeros(like // 8, dtype=np.uint8)
+    assert pack_message(("call", "x", (message,)), None, 1, like)[1].arena.size == like
+    small = np.zeros(like // 16, dtype=np.uint8)
+    assert pack_message(("call", "x", (small,)), None, 1, like)[1].arena.size < like
+    larger = np.zeros(2 * like, dtype=np.uint8)
+    assert pack_message(("call", "x", (larger,)), None, 1, like)[1].arena.size >= 2 * like
+
+
 def test_two_requests_may_be_out_and_each_gets_its_own_reply_and_memory():
     """A check sends its next decode while the backend works on this one (``Trial.decodes``):
     the two share no memory, each gets its own reply in whichever order the harness reads

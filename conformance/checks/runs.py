@@ -111,6 +111,7 @@ def _masked_nan(trial: Trial) -> Result:
     and zeroing their weight passes ``oracle`` but turns this NaN into output."""
     check = "poison/masked-nan"
     run = trial.decode(trial.nan_masked, POISONS[1])
+    trial.release("nan_masked")  # no other check reads it
     if run.exception:
         return errored(check, run)
     bad_out = np.isnan(np.asarray(run.out, dtype=np.float64)).any(axis=-1)

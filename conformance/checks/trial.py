@@ -319,6 +319,11 @@ class Trial:
         """The canonical problem with NaN, not garbage, in every slot nothing may read."""
         return materialise(self.case, masked="nan", logical=self.logical)
 
+    def release(self, name: str) -> None:
+        """Forget a cached value its last check has used: a problem's pools are then memory
+        the case's later layouts reuse (``bulk.recycling``) instead of fresh pages."""
+        self.__dict__.pop(name, None)
+
     def merges(self, pairs: list[tuple[AttentionState, AttentionState]]
                ) -> list[AttentionState | Exception]:
         """The backend's merges of independent pairs, in one request: each the merged state
