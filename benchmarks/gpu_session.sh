@@ -91,9 +91,15 @@ carried=$(ls -l --time-style=+%s .gpu-carry .whl .flashinfer 2>/dev/null | md5su
 [[ -d .aot ]] && export CONFORMANCE_TVM_AOT="$PWD/.aot"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 
-timed() {  # NAME TIMEOUT ARGS...: one run (-j $jobs), its wall time and exit status in runs.txt
-  local name=$1 limit=$2 start rc; shift 2
+cpu_ticks() {  # the machine's busy and idle clock ticks so far (/proc/stat, USER_HZ)
+  awk '/^cpu /{print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat
+}
+
+timed() {  # NAME TIMEOUT ARGS...: one run (-j $jobs), its wall time, exit status and the
+  # machine's CPU use over it (busy core-seconds, and the share of all cores) in runs.txt
+  local name=$1 limit=$2 start rc ticks; shift 2
   start=$(date +%s.%N)
+  ticks=$(cpu_ticks)
   if [[ -n ${TREE:-} ]]; then  # an older checkout, importing its own package (no --durations)
     (cd "$TREE" && PYTHONPATH="$PWD:$PYTHONPATH" timeout "$limit" python3 -m conformance run \
       -j "$jobs" --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1)
@@ -102,7 +108,9 @@ timed() {  # NAME TIMEOUT ARGS...: one run (-j $jobs), its wall time and exit st
       --report-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   fi
   rc=$?
-  echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s" \
+  echo "$name rc=$rc $(python3 -c "import time; print(round(time.time() - $start, 1))") s," \
+    "$(echo "$ticks $(cpu_ticks)" | awk '{busy = ($3 - $1) / 100; idle = ($4 - $2) / 100;
+      printf "cpu %.1f core-s busy, %.0f%% of the cores", busy, 100 * busy / (busy + idle)}')" \
     | tee -a "$OUT/runs.txt"
   tail -16 "$OUT/$name.log" >> "$OUT/runs.txt"
   gzip -f "$OUT/$name.json" 2>/dev/null
