@@ -5,7 +5,6 @@ runs, each computed once; each family (the sibling modules) is a function of a t
 returns ``Result`` records named ``family/sub-check``.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -18,11 +17,7 @@ import numpy as np
 
 from conformance.backends.base import AttentionState
 from conformance.checks.oracle import reference_of, reversed_dims, side_by_side
-from conformance.checks.outcomes import (
-    cannot_judge_message,
-    locate,
-    lse_message,
-)
+from conformance.checks.outcomes import cannot_judge_message, locate, lse_message
 from conformance.checks.shared import SHARED
 from conformance.dtypes import numpy_dtype
 from conformance.materialise import LogicalKV, drawn_kv, logical_kv, materialise
