@@ -117,14 +117,12 @@ def test_backend_output_is_captured_per_case_and_kept_out_of_the_terminal(tmp_pa
 
 
 def test_a_backend_unavailable_in_its_worker_errs_and_fails_the_run(tmp_path):
-    result, report = run_with_reports(tmp_path, "UnavailableInWorkers",
-                                      env={**os.environ, "HOSTILE_MARK": str(tmp_path / "m")})
+    result, report = run_with_reports(tmp_path, "UnavailableInWorkers")
     assert result.returncode == 1
     assert {r["status"] for r in report["results"]} == {"error"}
     assert all("unavailable in the worker process: no device" in r["message"]
                for r in report["results"])
-    parallel = cli("run", "--backend", "tests.hostile:UnavailableInWorkers", *SINKS, "-j", "2",
-                   env={**os.environ, "HOSTILE_MARK": str(tmp_path / "p")})
+    parallel = cli("run", "--backend", "tests.hostile:UnavailableInWorkers", *SINKS, "-j", "2")
     assert parallel.returncode == 1 and "ok" not in parallel.stdout.split("verdict")[1][:200]
 
 
