@@ -152,13 +152,17 @@ class UnavailableInWorkers(NumpySplitK):
 
     @classmethod
     def availability(cls):
-        frame = sys._getframe(1)
-        while frame is not None:
-            if (frame.f_code.co_name, frame.f_globals["__name__"]) == ("of",
-                                                                       "conformance.declared"):
-                return None
-            frame = frame.f_back
-        return "no device in this process"
+        return None if _called_from("conformance.declared", "of") else "no device in this process"
+
+
+def _called_from(module: str, function: str) -> bool:
+    """Whether ``module.function`` is on the calling stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) == (module, function):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class RaisesOnTrigger(Misbehaves):
